@@ -1,0 +1,34 @@
+# One command sets up and runs the tests (`make test`), one the main job (`make demo`).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Real data for tests and benchmarks (not shipped). Override: make test HLM_DATA=/path/to/data
+HLM_DATA ?= $(abspath ../shared/data)
+export HLM_DATA
+
+.PHONY: install test demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first: ==2.13.0 takes the local CPU wheel on CPU machines, the CUDA wheel elsewhere
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/pytest -q tests
+
+demo: $(STAMP)
+	$(VENV)/bin/hlmtune demo --out outputs/demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/recipe_throughput.py
+	$(PY) benchmarks/tokenize_throughput.py
+	$(PY) benchmarks/collector_overhead.py
+
+clean:
+	rm -rf $(VENV) outputs

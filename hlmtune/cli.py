@@ -1,0 +1,69 @@
+"""The ``hlmtune`` command line.
+
+Each subsystem owns its subcommands: a module with ``register(subparsers)`` that adds its
+parsers and sets ``func`` (called with the parsed ``argparse.Namespace``, returns an exit
+code). Registration modules must import quickly: no torch/torchtune at module top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+# Modules whose ``register(subparsers)`` adds subcommands, in help order.
+_SUBCOMMAND_MODULES = (
+    "hlmtune._cli_core",  # ls, cp, run, validate, demo
+    "hlmtune.data_builders.cli",  # data-report
+    "hlmtune.ecg_tokenizer.cli",  # tokenize, download, synth-ecg
+    "hlmtune.profiling.cli",  # collect, profile
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every registered subcommand.
+
+    Returns:
+        argparse.ArgumentParser: the parser.
+    """
+    parser = argparse.ArgumentParser(
+        prog="hlmtune",
+        description=(
+            "torchtune recipe pack: LoRA/QLoRA/DPO/QAT recipes and configs, ECG heartbeat "
+            "tokenizer, profiling. Run `hlmtune <command> --help` for details."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    sub.required = True
+    for name in _SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:  # a subsystem not built yet must not break the CLI
+            if e.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``hlmtune`` console script.
+
+    Args:
+        argv (Optional[List[str]]): arguments without the program name; ``sys.argv[1:]``
+            when None.
+
+    Returns:
+        int: process exit status.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    rc = args.func(args)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
