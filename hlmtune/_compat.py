@@ -16,3 +16,61 @@ def llama3_special_tokens() -> Dict[str, int]:
     from torchtune.models.llama3._tokenizer import LLAMA3_SPECIAL_TOKENS
 
     return dict(LLAMA3_SPECIAL_TOKENS)
+
+
+def fake_quant_toggles(quantizer_mode: str):
+    """(disable, enable) callables for ``model.apply`` that switch QAT fake quantization.
+
+    torchtune keeps them private (``training.quantization._get_{disable,enable}_fake_quant``).
+    """
+    from torchtune.training.quantization import _get_disable_fake_quant, _get_enable_fake_quant
+
+    return _get_disable_fake_quant(quantizer_mode), _get_enable_fake_quant(quantizer_mode)
+
+
+def ensure_torchao_aliases() -> None:
+    """Keep torchtune 0.6.1's QAT-LoRA import working on torchao 0.13/0.14.
+
+    Those releases renamed ``FakeQuantizeConfig`` to ``IntxFakeQuantizeConfig``; torchtune
+    still imports the old name. No-op on the pinned torchao (<0.12) where the name exists.
+    """
+    try:
+        from torchao.quantization import qat
+    except ImportError:  # pragma: no cover - torchao missing: QAT recipes report it on use
+        return
+    if not hasattr(qat, "FakeQuantizeConfig") and hasattr(qat, "IntxFakeQuantizeConfig"):
+        qat.FakeQuantizeConfig = qat.IntxFakeQuantizeConfig
+
+
+def load_config(config_path: str, overrides: list) -> "DictConfig":  # noqa: F821
+    """Load a YAML config and apply ``key=value`` / ``~key`` overrides exactly as ``tune run`` does.
+
+    Uses torchtune's private ``config._utils._merge_yaml_and_cli_args`` so that
+    ``hlmtune validate`` / ``hlmtune run`` see the same config the recipe will.
+
+    Args:
+        config_path (str): YAML file.
+        overrides (list): CLI overrides.
+
+    Returns:
+        DictConfig: merged config (interpolations unresolved).
+    """
+    from argparse import Namespace
+
+    from omegaconf import OmegaConf
+    from torchtune.config._utils import _merge_yaml_and_cli_args
+
+    base = OmegaConf.load(config_path)
+    if "config" in base:
+        raise ValueError(f"{config_path}: 'config' cannot be a key of a config file")
+    return _merge_yaml_and_cli_args(Namespace(**OmegaConf.to_container(base, resolve=False)), list(overrides))
+
+
+def builtin_recipes():
+    """torchtune's recipe registry (``torchtune._recipe_registry``) and its root folder."""
+    from pathlib import Path
+
+    import torchtune
+    from torchtune._recipe_registry import get_all_recipes
+
+    return get_all_recipes(), Path(torchtune.__file__).parent.parent / "recipes"

@@ -59,6 +59,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         int: process exit status.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":
+        # torchrun options come before the recipe; argparse's REMAINDER cannot take leading
+        # flags, so `run` parses its own arguments (with torchrun's parser).
+        from hlmtune._cli_core import run_cli
+
+        return run_cli(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     rc = args.func(args)

@@ -1,0 +1,306 @@
+"""``hlmtune ls | cp | run | validate | demo``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+from typing import List, Optional
+
+_RUN_USAGE = "hlmtune run [TORCHRUN-OPTIONS] <recipe> --config <config> [key=value ...]"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the core subcommands to the ``hlmtune`` parser."""
+    p = sub.add_parser("ls", help="list the pack's recipes and configs", description="List the pack's recipes and the configs for each. torchtune's own are listed by `tune ls`.")
+    p.set_defaults(func=_cmd_ls)
+
+    p = sub.add_parser(
+        "cp",
+        help="copy a pack recipe or config to start your own",
+        description="Copy a pack recipe (.py) or config (.yaml) so you can edit it, like `tune cp`.",
+        epilog="example: hlmtune cp llama3_8b_lora_alpaca ./my_lora.yaml",
+    )
+    p.add_argument("file", help="pack recipe or config name (see `hlmtune ls`)")
+    p.add_argument("destination", help="file or directory to copy to (a .yaml/.py suffix is added if missing)")
+    p.add_argument("-n", "--no-clobber", action="store_true", help="do not overwrite an existing destination")
+    p.add_argument("--make-parents", action="store_true", help="create missing parent directories of the destination")
+    p.set_defaults(func=_cmd_cp)
+
+    p = sub.add_parser(
+        "run",
+        help="run a recipe (torchrun options forwarded)",
+        usage=_RUN_USAGE,
+        add_help=False,
+        description="Run a pack or torchtune recipe. See `hlmtune run --help`.",
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser(
+        "path",
+        help="print the file path of a pack recipe or config",
+        description="Print where a pack recipe (.py) or config (.yaml) is installed, e.g. for `tune run`.",
+        epilog="example: tune run hlmtune/recipes/lora_finetune_distributed.py --config $(hlmtune path llama3_8b_lora_alpaca)",
+    )
+    p.add_argument("name", help="pack recipe or config name")
+    p.set_defaults(func=_cmd_path)
+
+    p = sub.add_parser(
+        "validate",
+        help="check a config against a recipe without training",
+        description=(
+            "Check a config: unknown keys and typos (naming the closest key), every _component_ "
+            "against its real signature, and the model built on the meta device (no memory, no "
+            "weights). Overrides are applied as `hlmtune run` would."
+        ),
+        epilog="example: hlmtune validate --config llama3_8b_qlora_samsum batch_size=2 dtype=fp32",
+    )
+    p.add_argument("recipe", nargs="?", help="pack recipe (default: the one a pack config is for)")
+    p.add_argument("--config", required=True, help="pack config name or YAML path")
+    p.add_argument("--check-paths", action="store_true", help="also require checkpoint/tokenizer files to exist")
+    p.add_argument("--no-model", action="store_true", help="skip building the model on the meta device")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser(
+        "demo",
+        help="tiny end-to-end run: LoRA at 1 and 2 ranks, collected into a scaling table",
+        description=(
+            "Build a tiny 2-layer Llama3 (tokenizer + HF checkpoint), fine-tune it with LoRA on "
+            "the alpaca sample at 1 and 2 ranks on this machine, and collect the runs into a "
+            "table with speedup/efficiency. Needs the alpaca JSONL: --data or $HLM_DATA/text."
+        ),
+    )
+    p.add_argument("--out", default="outputs/demo", help="output folder (default: outputs/demo)")
+    p.add_argument("--data", default=None, help="alpaca-cleaned JSONL (default: $HLM_DATA/text/alpaca_cleaned.jsonl)")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps per run (default: 20)")
+    p.add_argument("--max-ranks", type=int, default=2, help="largest world size to run (default: 2)")
+    p.set_defaults(func=_cmd_demo)
+
+
+# ---------------------------------------------------------------------------- ls / cp
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from hlmtune.registry import list_pack
+
+    print(f"{'RECIPE':<32} CONFIGS")
+    for recipe, desc, configs in list_pack():
+        print(f"{recipe:<32} {desc}")
+        for c in configs:
+            print(f"{'':<32}   {c}")
+    print("\ntorchtune's own recipes and configs are available too: `tune ls`.")
+    return 0
+
+
+def _pack_file(name: str) -> Optional[Path]:
+    from hlmtune.registry import RECIPES, config_path, recipes_dir
+
+    stem = name[:-3] if name.endswith(".py") else name
+    if stem in RECIPES:
+        return recipes_dir() / f"{stem}.py"
+    return config_path(name)
+
+
+def _cmd_path(args: argparse.Namespace) -> int:
+    p = _pack_file(args.name)
+    if p is None or not p.exists():
+        print(f"hlmtune path: '{args.name}' is not a pack recipe or config (see `hlmtune ls`)", file=sys.stderr)
+        return 2
+    print(p)
+    return 0
+
+
+def _cmd_cp(args: argparse.Namespace) -> int:
+    name = args.file
+    src = _pack_file(name)
+    if src is None or not src.exists():
+        print(f"hlmtune cp: '{name}' is not a pack recipe or config (see `hlmtune ls`; torchtune's: `tune cp`)", file=sys.stderr)
+        return 2
+    dest = Path(args.destination)
+    if dest.is_dir():
+        dest = dest / src.name
+    elif dest.suffix == "":
+        dest = dest.with_suffix(src.suffix)
+    if not dest.parent.exists():
+        if not args.make_parents:
+            print(f"hlmtune cp: {dest.parent} does not exist (use --make-parents)", file=sys.stderr)
+            return 2
+        dest.parent.mkdir(parents=True)
+    if dest.exists() and args.no_clobber:
+        print(f"hlmtune cp: {dest} exists, not overwritten (--no-clobber)", file=sys.stderr)
+        return 0
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+    print(f"Copied {src.name} to {dest}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- run
+def split_run_args(argv: List[str]):
+    """Split ``hlmtune run`` arguments into torchrun flags, recipe and recipe args.
+
+    torchrun's own parser decides which leading tokens are its options, exactly as in
+    ``tune run``; the first positional is the recipe.
+
+    Args:
+        argv (List[str]): arguments after ``run``.
+
+    Returns:
+        tuple: (torchrun_args, recipe, recipe_args, parsed torchrun namespace)
+    """
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    ns = parser.parse_args(argv)
+    recipe = ns.training_script
+    rest = list(ns.training_script_args)
+    n_flags = len(argv) - len(rest) - 1
+    return argv[:n_flags], recipe, rest, ns
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    return run_cli(list(args.rest))
+
+
+def run_cli(argv: List[str]) -> int:
+    """``hlmtune run`` with its raw arguments."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_run_help())
+        return 0
+    return run_command(argv)
+
+
+def _run_help() -> str:
+    return textwrap.dedent(
+        f"""\
+        usage: {_RUN_USAGE}
+
+        Run a recipe: pack recipes first (`hlmtune ls`), then a .py path, then torchtune's
+        built-ins (`tune ls`). Configs resolve the same way: pack config name, file path,
+        torchtune config name. Without torchrun options the recipe runs as one process
+        (world size 1); any torchrun option (--nproc_per_node, --nnodes, --rdzv_backend,
+        --rdzv_endpoint, --rdzv_id, --node_rank ...) launches it under torchrun, standalone
+        unless --rdzv_endpoint is given. Pack configs are validated before any process starts.
+
+        examples:
+          hlmtune run lora_finetune_distributed --config llama3_8b_lora_alpaca
+          hlmtune run --nproc_per_node 4 lora_finetune_distributed --config llama3_8b_qlora_samsum batch_size=2 dtype=fp32
+          hlmtune run --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint $HEAD:29500 --rdzv_id $SLURM_JOB_ID \\
+              full_finetune_distributed --config my_ecg.yaml
+
+        `tune run` runs pack recipes too when given their module path as a file path:
+          tune run hlmtune/recipes/lora_finetune_distributed.py --config $(hlmtune path llama3_8b_lora_alpaca)
+        """
+    )
+
+
+def build_run_command(argv: List[str]) -> List[str]:
+    """The command line ``hlmtune run`` executes (exposed for tests and SLURM templates).
+
+    Args:
+        argv (List[str]): arguments after ``run``.
+
+    Returns:
+        List[str]: argv for ``os.execv`` (``python -m torch.distributed.run ...`` or
+        ``python -m hlmtune.recipes.<name> ...``).
+
+    Raises:
+        ValueError: no ``--config``, unknown recipe or config, or an invalid pack config.
+    """
+    from hlmtune._compat import load_config
+    from hlmtune.registry import resolve_config, resolve_recipe
+    from hlmtune.training.schema import validate_config
+
+    torchrun_args, recipe_name, rest, ns = split_run_args(argv)
+    if "--config" not in rest or rest.index("--config") == len(rest) - 1:
+        raise ValueError("the --config argument is required: hlmtune run <recipe> --config <config> [key=value ...]")
+    i = rest.index("--config") + 1
+    recipe = resolve_recipe(recipe_name)
+    cfg_path = resolve_config(rest[i])
+    rest[i] = str(cfg_path)
+    overrides = rest[:i - 1] + rest[i + 1:]
+    if recipe.pack:
+        cfg = load_config(str(cfg_path), overrides)
+        validate_config(cfg, Path(recipe.module or str(recipe.path)).name.split(".")[-1].removesuffix(".py"))
+    target = ["-m", recipe.module] if recipe.module else [str(recipe.path)]
+    if torchrun_args:
+        extra = []
+        if not ns.rdzv_endpoint and not ns.standalone and "--standalone" not in torchrun_args:
+            extra = ["--standalone"]  # as `tune run`: several single-node jobs can share a host
+        return [sys.executable, "-m", "torch.distributed.run", *torchrun_args, *extra, *target, *rest]
+    return [sys.executable, *target, *rest]
+
+
+def run_command(argv: List[str]) -> int:
+    """Validate, then replace this process with the recipe (exit status passes through)."""
+    from hlmtune.training.schema import ConfigError
+
+    try:
+        cmd = build_run_command(argv)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"hlmtune run: {e}", file=sys.stderr)
+        return 2
+    print("Running: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
+
+
+# ---------------------------------------------------------------------------- validate
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from hlmtune._compat import load_config
+    from hlmtune.registry import RECIPES, recipe_for_config, resolve_config
+    from hlmtune.training.schema import ConfigError, build_model_on_meta, validate_config
+
+    try:
+        path = resolve_config(args.config)
+    except FileNotFoundError as e:
+        print(f"hlmtune validate: {e}", file=sys.stderr)
+        return 2
+    recipe = args.recipe or recipe_for_config(args.config)
+    if recipe is None:
+        print(f"hlmtune validate: name the recipe for {args.config}: hlmtune validate <recipe> --config ... (recipes: {', '.join(RECIPES)})", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(str(path), args.overrides)
+        validate_config(cfg, recipe)
+        problems = _missing_paths(cfg) if args.check_paths else []
+        if problems:
+            raise ConfigError("missing files:\n  - " + "\n  - ".join(problems))
+        n_params = None if args.no_model else build_model_on_meta(cfg.model, cfg.get("dtype", "bf16"))
+    except (ConfigError, ValueError) as e:
+        print(f"hlmtune validate: {path}: {e}", file=sys.stderr)
+        return 2
+    model = cfg.model.get("_component_", "?")
+    size = f", {n_params / 1e9:.2f}B params built on meta" if n_params else ""
+    print(f"OK: {path.name} is valid for {recipe} (model {model}{size})")
+    return 0
+
+
+def _missing_paths(cfg) -> List[str]:
+    from omegaconf import OmegaConf
+
+    out = []
+    c = OmegaConf.to_container(cfg, resolve=True)
+    tok = c.get("tokenizer", {})
+    for key in ("path", "special_tokens_path", "merges_file"):
+        if tok.get(key) and not Path(tok[key]).exists():
+            out.append(f"tokenizer.{key}: {tok[key]}")
+    ck = c.get("checkpointer") or {}
+    if ck.get("checkpoint_dir"):
+        for f in ck.get("checkpoint_files") or []:
+            if isinstance(f, str) and not (Path(ck["checkpoint_dir"]) / f).exists():
+                out.append(f"checkpointer.checkpoint_files: {Path(ck['checkpoint_dir']) / f}")
+    return out
+
+
+# ---------------------------------------------------------------------------- demo
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from hlmtune.demo import run_demo
+
+    return run_demo(out=Path(args.out), data=args.data, steps=args.steps, max_ranks=args.max_ranks)

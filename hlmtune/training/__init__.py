@@ -1,0 +1,1 @@
+"""Machinery shared by every pack recipe: distributed setup, config checks, the training loop."""
