@@ -25,7 +25,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,7 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.schema import resolve_component, validate_config
 
-log = logging.getLogger("hlmtune")
+log = utils.get_logger("INFO")
 
 _GIB = 1024**3
 
@@ -235,29 +235,47 @@ class RecipeBase:
             raise RuntimeError(f"checkpoint does not match the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
 
     def setup_model(self, cfg: DictConfig, base_sd: Optional[Dict[str, Any]]) -> torch.nn.Module:
-        """Build, prepare, load and wrap the model for data parallelism.
-
-        FSDP2: built on the meta device, sharded, then the full state dict is scattered into
-        the shards (no rank ever holds a full replica). DDP / single rank: built on the device,
-        loaded, wrapped.
-
-        Args:
-            cfg (DictConfig): config.
-            base_sd (Optional[Dict[str, Any]]): starting weights, None for random init.
+        """Build the trained model (see :meth:`build_model`) and remember its unwrapped module.
 
         Returns:
             torch.nn.Module: the model to call in the training loop.
         """
+        model, inner = self.build_model(cfg, base_sd, frozen=False, data_parallel=self._data_parallel)
+        self._inner_model = inner
+        self._activations_ctx = training.get_act_offloading_ctx_manager(inner, self._enable_offload)
+        return model
+
+    def build_model(
+        self, cfg: DictConfig, base_sd: Optional[Dict[str, Any]], *, frozen: bool, data_parallel: str
+    ) -> Tuple[torch.nn.Module, torch.nn.Module]:
+        """Build, prepare, load and wrap a model for data parallelism.
+
+        FSDP2: built on the meta device, sharded, then the full state dict is scattered into
+        the shards (no rank ever holds a full replica). DDP / single rank: built on the device,
+        loaded, wrapped (DDP only when something trains).
+
+        Args:
+            cfg (DictConfig): config.
+            base_sd (Optional[Dict[str, Any]]): starting weights, None for random init.
+            frozen (bool): no parameter trains (DPO reference models).
+            data_parallel (str): ``fsdp``, ``ddp`` or ``none``.
+
+        Returns:
+            Tuple[torch.nn.Module, torch.nn.Module]: (model to call, unwrapped model).
+        """
         t0 = time.perf_counter()
-        fsdp = self._data_parallel == "fsdp"
+        fsdp = data_parallel == "fsdp"
         init_device = torch.device("meta") if (fsdp and base_sd is not None) else self._device
         with training.set_default_dtype(self._dtype), init_device:
             model = config.instantiate(cfg.model)
         model = self.prepare_model(model, cfg)
-        self.set_trainable(model)
+        if frozen:
+            model.requires_grad_(False)
+        else:
+            self.set_trainable(model)
         if self._compile:
             training.compile_model(model, verbose=self._is_rank_zero)
-        if self._enable_ac:
+        if self._enable_ac and not frozen:
             from torchtune import modules
 
             training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
@@ -286,9 +304,8 @@ class RecipeBase:
             with self._device:
                 self.init_missing_params(model)
         training.validate_no_params_on_meta_device(model)
-        self._inner_model = model
-        self._activations_ctx = training.get_act_offloading_ctx_manager(model, self._enable_offload)
-        if self._data_parallel == "ddp":
+        inner = model
+        if data_parallel == "ddp" and not frozen:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             broadcast_module_params(model, only_trainable=True)
@@ -299,14 +316,14 @@ class RecipeBase:
                 find_unused_parameters=False,
             )
         if self._is_rank_zero:
-            n_train = sum(p.numel() for p in self._inner_model.parameters() if p.requires_grad)
-            n_all = sum(p.numel() for p in self._inner_model.parameters())
+            n_train = sum(p.numel() for p in inner.parameters() if p.requires_grad)
+            n_all = sum(p.numel() for p in inner.parameters())
             log.info(
                 "model ready in %.1fs: %s params, %s trainable, data_parallel=%s, world_size=%d",
-                time.perf_counter() - t0, f"{n_all:,}", f"{n_train:,}", self._data_parallel, self.world_size,
+                time.perf_counter() - t0, f"{n_all:,}", f"{n_train:,}", data_parallel, self.world_size,
             )
         dist.barrier()
-        return model
+        return model, inner
 
     def init_missing_params_after_shard(self, model: torch.nn.Module) -> None:
         """RoPE caches on the device after FSDP sharding (meta-built model)."""
@@ -455,8 +472,7 @@ class RecipeBase:
         for micro in range(self._gradient_accumulation_steps):
             td = time.perf_counter()
             with self.mark("data"):
-                batch = next(data_iter)
-                batch = {k: (v.to(self._device, non_blocking=self._pin_memory) if torch.is_tensor(v) else v) for k, v in batch.items()}
+                batch = _to_device(next(data_iter), self._device, self._pin_memory)
             data_time += time.perf_counter() - td
             # DDP: only the last micro-batch all-reduces gradients.
             sync = contextlib.nullcontext()
@@ -576,19 +592,22 @@ class RecipeBase:
 
     def export_model(self, epoch: int) -> None:
         """Write the epoch's model with the torchtune checkpointer (HF layout), or ``model.pt``."""
+        self._write_export(self.export_state_dict(), epoch)
+        dist.barrier()
+
+    def _write_export(self, payload: Optional[Dict[str, Any]], epoch: int) -> None:
+        if not self._is_rank_zero:
+            return
         with self.mark("checkpoint"):
-            payload = self.export_state_dict()
-            if self._is_rank_zero:
-                if self._checkpointer is not None:
-                    self._checkpointer.save_checkpoint(
-                        payload, epoch=epoch, intermediate_checkpoint=False,
-                        adapter_only=bool(self._cfg.get("save_adapter_weights_only", False)),
-                    )
-                else:
-                    out = self._output_dir / f"epoch_{epoch}"
-                    out.mkdir(parents=True, exist_ok=True)
-                    ckpt._atomic_torch_save(payload[training.MODEL_KEY], out / "model.pt")
-            dist.barrier()
+            if self._checkpointer is not None:
+                self._checkpointer.save_checkpoint(
+                    payload, epoch=epoch, intermediate_checkpoint=False,
+                    adapter_only=bool(self._cfg.get("save_adapter_weights_only", False)),
+                )
+            else:
+                out = self._output_dir / f"epoch_{epoch}"
+                out.mkdir(parents=True, exist_ok=True)
+                ckpt._atomic_torch_save(payload[training.MODEL_KEY], out / "model.pt")
 
     # ------------------------------------------------------------------ teardown
     def _setup_profiler(self, cfg_profiler: Optional[DictConfig]) -> Any:
@@ -673,17 +692,12 @@ def _cpu_name() -> str:
     return "cpu"
 
 
-def recipe_entry(recipe_cls: type, cfg: DictConfig) -> None:
-    """Run a recipe class end to end: what every ``recipe_main`` does.
-
-    Args:
-        recipe_cls (type): a :class:`RecipeBase` subclass.
-        cfg (DictConfig): parsed config.
-    """
-    config.log_config(recipe_name=recipe_cls.__name__, cfg=cfg)
-    recipe = recipe_cls(cfg=cfg)
-    try:
-        recipe.setup(cfg=cfg)
-        recipe.train()
-    finally:
-        recipe.cleanup()
+def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """Move a collated batch (dict, tuple or list of tensors) to the device."""
+    if torch.is_tensor(batch):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device, non_blocking) for v in batch)
+    return batch

@@ -1,0 +1,175 @@
+"""Every pack recipe end to end through the real CLI on CPU, at world size 1 and 2.
+
+A 2-layer Llama3 (hlmtune.tiny: real BPE tokenizer file, HF-layout checkpoint) is fine-tuned on
+the real text samples ($HLM_DATA/text). Metrics are read from the collector's steps.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from recipe_runner import HLMTUNE, mean, read_steps, run_recipe
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from hlmtune.tiny import write_tiny_assets
+
+    out = tmp_path_factory.mktemp("tiny-llama3")
+    write_tiny_assets(out)
+    return out
+
+
+def _expect_metric_schema(steps, world_size: int) -> None:
+    for s in steps:
+        for key in ("loss", "lr", "tokens", "tokens_per_second", "tokens_per_second_per_gpu",
+                    "iteration_time_s", "data_time_s", "peak_rss_gib"):
+            assert key in s, f"step {s.get('step')} lacks {key}: {sorted(s)}"
+        for r in range(world_size):
+            assert s[f"peak_rss_gib_rank{r}"] > 0
+        assert s["peak_rss_gib"] == pytest.approx(max(s[f"peak_rss_gib_rank{r}"] for r in range(world_size)))
+        assert s["tokens_per_second_per_gpu"] == pytest.approx(s["tokens_per_second"] / world_size)
+
+
+SFT_CASES = [
+    ("lora_finetune_distributed", "tiny_lora"),
+    ("lora_finetune_distributed", "tiny_qlora"),
+    ("full_finetune_distributed", "tiny_full"),
+    ("qat_distributed", "tiny_qat"),
+    ("qat_lora_finetune_distributed", "tiny_qat_lora"),
+]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("recipe,config", SFT_CASES, ids=[c for _, c in SFT_CASES])
+def test_sft_recipe_loss_falls(recipe, config, world_size, tiny_model, text_data_dir, tmp_path):
+    out = tmp_path / "run"
+    run_recipe(recipe, config, out, model_dir=tiny_model, data_dir=text_data_dir,
+               nproc=world_size if world_size > 1 else None,
+               overrides=["max_steps_per_epoch=20", f"batch_size={4 // world_size}"])
+    steps = read_steps(out)
+    assert len(steps) == 20
+    _expect_metric_schema(steps, world_size)
+    losses = [s["loss"] for s in steps]
+    assert mean(losses[-5:]) < mean(losses[:5]) - 0.3, losses
+    epoch_dir = out / "epoch_0"
+    assert (epoch_dir / "model-00001-of-00001.safetensors").exists()
+    if "lora" in config:
+        assert (epoch_dir / "adapter_model.safetensors").exists()
+    if config.startswith("tiny_qat"):
+        _check_quantized(out, tiny_model)
+
+
+def _check_quantized(out: Path, tiny_model: Path) -> None:
+    """The QAT end product: int4-in-int8 weights with scales, smaller, loads and runs."""
+    from torchtune.models.llama3 import llama3
+    from torchtune.training.quantization import Int8DynActInt4WeightQATQuantizer
+
+    path = out / "quantized" / "model-8da4w.pt"
+    assert path.exists()
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    assert sd["layers.0.attn.q_proj.weight"].dtype == torch.int8
+    assert "layers.0.attn.q_proj.scales" in sd
+    assert path.stat().st_size < (out / "epoch_0" / "model-00001-of-00001.safetensors").stat().st_size
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    q = Int8DynActInt4WeightQATQuantizer(groupsize=32)
+    model = q.convert(q.prepare(llama3(
+        vocab_size=cfg["vocab_size"], num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
+        num_kv_heads=cfg["num_key_value_heads"], embed_dim=cfg["hidden_size"], max_seq_len=512,
+        intermediate_dim=cfg["intermediate_size"])))
+    model.load_state_dict(sd)
+    with torch.no_grad():
+        logits = model(torch.arange(16).unsqueeze(0))
+    assert logits.shape == (1, 16, cfg["vocab_size"]) and torch.isfinite(logits).all()
+
+
+DPO_CASES = [("lora_dpo_distributed", "tiny_lora_dpo"), ("full_dpo_distributed", "tiny_full_dpo")]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("recipe,config", DPO_CASES, ids=[c for _, c in DPO_CASES])
+def test_dpo_reward_accuracy_rises(recipe, config, world_size, tiny_model, text_data_dir, tmp_path):
+    out = tmp_path / "run"
+    run_recipe(recipe, config, out, model_dir=tiny_model, data_dir=text_data_dir,
+               nproc=world_size if world_size > 1 else None,
+               overrides=[f"batch_size={2 // world_size}"])
+    steps = read_steps(out)
+    by_epoch = {}
+    for s in steps:
+        by_epoch.setdefault(int(s["epoch"]), []).append(s)
+    assert sorted(by_epoch) == [0, 1, 2]
+    first, last = by_epoch[0], by_epoch[2]
+    acc_first = mean([s["rewards/accuracies"] for s in first])
+    acc_last = mean([s["rewards/accuracies"] for s in last])
+    assert acc_last > acc_first + 0.1, (acc_first, acc_last)
+    assert mean([s["loss"] for s in last]) < mean([s["loss"] for s in first])
+    for s in steps:  # the logged loss is a mean (torchtune logs the sum over ranks)
+        assert 0.0 <= s["rewards/accuracies"] <= 1.0
+        assert s["loss"] < 5.0
+
+
+def test_loss_is_world_size_invariant(tiny_model, text_data_dir, tmp_path):
+    """Same global batch at 1 and 2 ranks: same samples per step, same token-weighted loss."""
+    losses = {}
+    for ws in (1, 2):
+        out = tmp_path / f"ws{ws}"
+        run_recipe("lora_finetune_distributed", "tiny_lora", out, model_dir=tiny_model, data_dir=text_data_dir,
+                   nproc=ws if ws > 1 else None, overrides=["max_steps_per_epoch=6", f"batch_size={4 // ws}"])
+        losses[ws] = [s["loss"] for s in read_steps(out)]
+    assert losses[1] == pytest.approx(losses[2], rel=1e-4)
+
+
+def test_resume_after_kill_matches_uninterrupted(tiny_model, text_data_dir, tmp_path):
+    common = ["max_steps_per_epoch=15", "epochs=2", "save_every_n_steps=5", "batch_size=2"]
+    ref = tmp_path / "uninterrupted"
+    run_recipe("lora_finetune_distributed", "tiny_lora", ref, model_dir=tiny_model, data_dir=text_data_dir, overrides=common)
+    ref_steps = read_steps(ref)
+    assert len(ref_steps) == 30
+
+    out = tmp_path / "killed"
+    cmd = [HLMTUNE, "run", "lora_finetune_distributed", "--config", "tiny_lora", f"model_dir={tiny_model}",
+           f"data_dir={text_data_dir}", f"output_dir={out}", "metric_logger._component_=hlmtune.profiling.collector.CollectorLogger",
+           f"metric_logger.log_dir={out}/metrics", *common]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first_ckpt = out / "checkpoints" / "step_5"
+    deadline = time.time() + 300
+    while not first_ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert (first_ckpt / "state.json").exists()
+
+    run_recipe("lora_finetune_distributed", "tiny_lora", out, model_dir=tiny_model, data_dir=text_data_dir,
+               overrides=[*common, "resume_from_checkpoint=True"])
+    resumed = read_steps(out)
+    assert resumed[-1]["step"] == 30
+    assert resumed[-1]["loss"] == pytest.approx(ref_steps[-1]["loss"], rel=1e-6)
+    ref_by_step = {s["step"]: s["loss"] for s in ref_steps}
+    for s in resumed:
+        assert s["loss"] == pytest.approx(ref_by_step[s["step"]], rel=1e-6)
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tiny_model, text_data_dir, tmp_path):
+    proc = run_recipe("lora_finetune_distributed", "tiny_lora", tmp_path / "none", model_dir=tiny_model,
+                      data_dir=text_data_dir, overrides=["resume_from_checkpoint=True"], check=False)
+    assert proc.returncode != 0
+    assert "holds no complete checkpoint" in proc.stderr
+
+
+def test_override_typo_is_rejected_before_launch(tiny_model, text_data_dir, tmp_path):
+    proc = run_recipe("lora_finetune_distributed", "tiny_lora", tmp_path / "typo", model_dir=tiny_model,
+                      data_dir=text_data_dir, nproc=2, overrides=["batch_sise=2"], check=False)
+    assert proc.returncode == 2
+    assert "unknown key 'batch_sise'" in proc.stderr and "did you mean 'batch_size'" in proc.stderr
+    assert not (tmp_path / "typo").exists()
