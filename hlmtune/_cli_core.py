@@ -262,6 +262,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"hlmtune validate: {e}", file=sys.stderr)
         return 2
+    if args.recipe and ("=" in args.recipe or args.recipe.startswith("~")):
+        # argparse gives the first override to the optional positional `recipe`.
+        args.overrides.insert(0, args.recipe)
+        args.recipe = None
     recipe = args.recipe or recipe_for_config(args.config)
     if recipe is None:
         print(f"hlmtune validate: name the recipe for {args.config}: hlmtune validate <recipe> --config ... (recipes: {', '.join(RECIPES)})", file=sys.stderr)

@@ -1,0 +1,115 @@
+"""``hlmtune`` core subcommands: ls, cp, path, run (command building, validation), demo args."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hlmtune._cli_core import build_run_command, split_run_args
+from hlmtune.cli import main
+from hlmtune.registry import CONFIGS, RECIPES
+
+HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
+
+
+def test_ls_lists_every_recipe_and_config(capsys):
+    assert main(["ls"]) == 0
+    out = capsys.readouterr().out
+    for r in RECIPES:
+        assert r in out
+    for c in CONFIGS:
+        assert c in out
+    assert "tune ls" in out
+
+
+def test_cp_copies_config_and_respects_no_clobber(tmp_path, capsys):
+    dest = tmp_path / "a" / "mine"
+    assert main(["cp", "tiny_lora", str(dest)]) == 2  # parent missing
+    assert "--make-parents" in capsys.readouterr().err
+    assert main(["cp", "tiny_lora", str(dest), "--make-parents"]) == 0
+    copied = dest.with_suffix(".yaml")
+    assert copied.read_text() == (Path(__file__).parent.parent / "configs" / "tiny_lora.yaml").read_text()
+    copied.write_text("mine")
+    assert main(["cp", "tiny_lora", str(copied), "--no-clobber"]) == 0
+    assert copied.read_text() == "mine"
+    assert main(["cp", "lora_finetune_distributed", str(tmp_path)]) == 0
+    assert (tmp_path / "lora_finetune_distributed.py").exists()
+    assert main(["cp", "no_such_thing", str(tmp_path)]) == 2
+
+
+def test_path_points_at_installed_files(capsys):
+    assert main(["path", "tiny_lora"]) == 0
+    p = Path(capsys.readouterr().out.strip())
+    assert p.name == "tiny_lora.yaml" and p.exists()
+    assert main(["path", "lora_dpo_distributed"]) == 0
+    assert Path(capsys.readouterr().out.strip()).name == "lora_dpo_distributed.py"
+
+
+def test_split_run_args_separates_torchrun_flags():
+    flags, recipe, rest, ns = split_run_args(
+        ["--nnodes", "2", "--nproc_per_node", "4", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29500",
+         "lora_finetune_distributed", "--config", "x.yaml", "batch_size=2"])
+    assert flags == ["--nnodes", "2", "--nproc_per_node", "4", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:29500"]
+    assert recipe == "lora_finetune_distributed"
+    assert rest == ["--config", "x.yaml", "batch_size=2"]
+    assert ns.rdzv_endpoint == "h:29500"
+
+
+def test_build_run_command_pack_recipe(monkeypatch, tmp_path):
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    single = build_run_command(["lora_finetune_distributed", "--config", "tiny_lora", "batch_size=2"])
+    assert single[1:3] == ["-m", "hlmtune.recipes.lora_finetune_distributed"]
+    assert single[4].endswith("tiny_lora.yaml") and single[-1] == "batch_size=2"
+    multi = build_run_command(["--nproc_per_node", "2", "lora_finetune_distributed", "--config", "tiny_lora"])
+    assert multi[1:3] == ["-m", "torch.distributed.run"]
+    assert "--standalone" in multi  # as tune run: no rendezvous endpoint -> standalone
+    assert multi[multi.index("-m", 3) + 1] == "hlmtune.recipes.lora_finetune_distributed"
+    rdzv = build_run_command(["--nnodes", "2", "--rdzv_endpoint", "h:1", "--rdzv_backend", "c10d",
+                              "lora_finetune_distributed", "--config", "tiny_lora"])
+    assert "--standalone" not in rdzv
+
+
+def test_build_run_command_torchtune_builtin_recipe():
+    cmd = build_run_command(["lora_finetune_single_device", "--config", "llama3/8B_lora_single_device"])
+    assert cmd[1].endswith("lora_finetune_single_device.py")
+    assert cmd[3].endswith("8B_lora_single_device.yaml")
+
+
+def test_run_rejects_typos_unknown_recipes_and_missing_config(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    assert main(["run", "lora_finetune_distributed", "--config", "tiny_lora", "optimizer.lrr=1"]) == 2
+    assert "did you mean 'lr'" in capsys.readouterr().err
+    assert main(["run", "lora_finetune_distributd", "--config", "tiny_lora"]) == 2
+    assert "did you mean 'lora_finetune_distributed'" in capsys.readouterr().err
+    assert main(["run", "lora_finetune_distributed"]) == 2
+    assert "--config" in capsys.readouterr().err
+    assert main(["run", "lora_finetune_distributed", "--config", "tiny_lorra"]) == 2
+    assert "did you mean 'tiny_lora'" in capsys.readouterr().err
+
+
+def test_run_help_and_top_level_help():
+    out = subprocess.run([HLMTUNE, "run", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--nproc_per_node" in out.stdout and "tune run hlmtune/recipes" in out.stdout
+    out = subprocess.run([HLMTUNE, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for cmd in ("ls", "cp", "run", "validate", "demo", "collect", "tokenize"):
+        assert cmd in out.stdout
+
+
+def test_validate_cli(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    assert main(["validate", "--config", "tiny_lora"]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["validate", "--config", "tiny_lora", "data_loader.num_workerz=2"]) == 2
+    assert "did you mean 'num_workers'" in capsys.readouterr().err
+    assert main(["validate", "--config", "tiny_lora", "--check-paths", f"model_dir={tmp_path}"]) == 2
+    assert "tokenizer.path" in capsys.readouterr().err
+
+
+def test_demo_without_data_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("HLM_DATA", raising=False)
+    assert main(["demo", "--out", str(tmp_path)]) == 2
+    assert "HLM_DATA" in capsys.readouterr().err
