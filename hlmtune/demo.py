@@ -3,7 +3,7 @@
 1. write a tiny 2-layer Llama3 in the ``tune download`` layout (tokenizer + HF checkpoint);
 2. LoRA fine-tune it on the real alpaca-cleaned sample with the pack's
    ``lora_finetune_distributed`` at 1 rank and at 2 ranks (same global batch, so both runs do
-   the same work), each recorded by the profiling collector;
+   the same work; one thread per rank), each recorded by the profiling collector;
 3. ``hlmtune collect`` the two runs into a scaling table (speedup, efficiency, overhead) with
    plots.
 """
@@ -54,7 +54,9 @@ def run_demo(*, out: Path, data: Optional[str], steps: int, max_ranks: int) -> i
         if global_batch % n:
             continue
         run = out / "runs" / f"lora_ws{n}"
-        cmd = [hlmtune, "run"] + (["--nproc_per_node", str(n)] if n > 1 else []) + [
+        # Every world size under torchrun, which gives each rank OMP_NUM_THREADS=1: one core
+        # per rank is the CPU analog of one GPU per rank, so 1 vs 2 ranks compares like for like.
+        cmd = [hlmtune, "run", "--nproc_per_node", str(n),
             "lora_finetune_distributed", "--config", "tiny_lora",
             f"model_dir={model_dir}", f"data_dir={data_path.parent}",
             f"dataset.data_files={data_path}", f"output_dir={run}",

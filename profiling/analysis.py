@@ -1,0 +1,346 @@
+"""``hlmtune collect``: many runs -> one scaling table (CSV + Markdown), problems, plots.
+
+Rows are grouped by ``method, model, dataset, template, dtype, pin_memory, num_workers,
+nodes, devices`` (repeated runs of one row are averaged; ``n_runs`` says how many). Each row
+is compared with the 1-device row of its *baseline group* (the same key without ``nodes``
+and ``devices``), with the ECG paper's equations:
+
+- ``speedup = T1 / TN``, ``efficiency = speedup / N``, ``overhead_s = TN - T1 / N``;
+- **T is ``total_time_s``**: the training-loop time of the run (sum of the wall times of its
+  optimizer steps, setup and checkpointing excluded), i.e. the time to finish the run's work.
+  This comparison is only meaningful when both runs did the same work (the same epoch of the
+  same data: same total tokens, or else the same number of samples); otherwise the run is
+  listed as *mismatched* and these columns stay empty;
+- per-iteration numbers that need no equal work: ``speedup_tput = tps_N / tps_1`` (steady
+  state tokens/s, warmup excluded) and ``efficiency_tput = speedup_tput / N``.
+
+Missing, partial and mismatched runs are listed in ``problems.md`` / ``problems.json`` and on
+stderr with the reason, never dropped silently; a group without a 1-device run says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from hlmtune.profiling.runs import (
+    RunReadError,
+    atomic_write_json,
+    atomic_write_text,
+    find_run_dirs,
+    load_run,
+)
+
+GROUP_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers", "nodes", "devices")
+BASELINE_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers")
+VALUE_KEYS = (
+    "steps",
+    "iteration_time_s_mean",
+    "iteration_time_s_median",
+    "iteration_time_s_p90",
+    "total_time_s",
+    "tokens_total",
+    "tokens_per_second",
+    "tokens_per_second_per_gpu",
+    "peak_memory_alloc_gib",
+    "peak_memory_reserved_gib",
+    "peak_memory_active_gib",
+    "peak_rss_gib",
+)
+SCALING_KEYS = ("speedup", "efficiency", "overhead_s", "speedup_tput", "efficiency_tput", "baseline")
+T_DEFINITION = (
+    "T = total_time_s: training-loop time of the run (sum of optimizer-step wall times, "
+    "setup and checkpointing excluded); speedup = T1/TN, efficiency = speedup/N, "
+    "overhead_s = TN - T1/N, computed only when the N-device run did the same work as the "
+    "1-device run. speedup_tput = steady-state tokens/s ratio (warmup excluded), "
+    "efficiency_tput = speedup_tput/N."
+)
+
+
+def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [x for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _run_work(run: Dict[str, Any], summary: Dict[str, Any]) -> Tuple[Optional[float], Optional[str]]:
+    """Work done by a run: total tokens if logged, else samples (steps x batch x accum x devices)."""
+    if summary.get("tokens_total") is not None:
+        return float(summary["tokens_total"]), "tokens"
+    b, g, w, s = run.get("batch_size"), run.get("gradient_accumulation_steps"), run.get("world_size"), summary.get("steps")
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in (b, g, w, s)):
+        return float(s * b * g * w), "samples"
+    return None, None
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return ""
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.6g}"
+    return str(v)
+
+
+def _headline_shares(api: Optional[Dict[str, Any]]) -> Dict[str, float]:
+    """Mean over ranks of each headline metric's share of its category total (percent)."""
+    if not api:
+        return {}
+    per: Dict[str, List[float]] = {}
+    for _rank, body in (api.get("ranks") or {}).items():
+        for row in body.get("headline", []):
+            if row.get("share") is not None:
+                per.setdefault(row["name"], []).append(100.0 * row["share"])
+    return {f"api_{name}_pct": sum(v) / len(v) for name, v in per.items()}
+
+
+def build_table(
+    runs: List[Dict[str, Any]],
+    problems: List[Dict[str, str]],
+    *,
+    include_partial: bool = False,
+    work_tolerance: float = 0.01,
+) -> List[Dict[str, Any]]:
+    """Group loaded runs into table rows with scaling columns.
+
+    Args:
+        runs (List[Dict[str, Any]]): results of :func:`hlmtune.profiling.runs.load_run`.
+        problems (List[Dict[str, str]]): appended with every run or group that is left out or
+            incomplete, with the reason.
+        include_partial (bool): keep partial runs as rows (``status`` partial, no scaling).
+        work_tolerance (float): relative difference in work (tokens / samples) above which a
+            run is *mismatched* with its 1-device baseline.
+
+    Returns:
+        List[Dict[str, Any]]: rows (keys :data:`GROUP_KEYS`, ``n_runs``, :data:`VALUE_KEYS`,
+        :data:`SCALING_KEYS`, ``api_*_pct``, ``status``, ``run_dirs``).
+    """
+    by_key: Dict[Tuple, List[Dict[str, Any]]] = {}
+    for r in runs:
+        meta, s = r["run"], r["summary"]
+        for note in r["notes"]:
+            if "truncated" in note:
+                problems.append({"path": r["dir"], "reason": f"partial: {note}"})
+        if not s.get("complete"):
+            reason = (
+                f"partial: no summary.json (killed or still running); {s.get('steps', 0)} steps logged, "
+                f"mean iteration {_fmt(s.get('iteration_time_s_mean'))} s"
+            )
+            problems.append({"path": r["dir"], "reason": reason})
+            if not include_partial:
+                continue
+        if not r["steps"]:
+            problems.append({"path": r["dir"], "reason": "missing: no step records in steps.jsonl"})
+            continue
+        if s.get("total_time_s") is None:
+            problems.append({"path": r["dir"], "reason": "missing: no timed steps (iteration_time_s null everywhere)"})
+            continue
+        absent = [k for k in ("method", "model", "dataset", "world_size") if meta.get(k) in (None, "")]
+        if absent:
+            problems.append({"path": r["dir"], "reason": f"metadata incomplete: {', '.join(absent)} unknown (grouped as '?')"})
+        key_vals = {k: meta.get(k) for k in GROUP_KEYS if k != "devices"}
+        key_vals["devices"] = meta.get("world_size")
+        # Unknown values group as "?"; a run without a prompt template has template "none".
+        key = tuple(("none" if k == "template" else "?") if key_vals[k] is None else key_vals[k] for k in GROUP_KEYS)
+        by_key.setdefault(key, []).append(r)
+
+    rows: List[Dict[str, Any]] = []
+    for key, members in by_key.items():
+        row: Dict[str, Any] = dict(zip(GROUP_KEYS, key))
+        row["n_runs"] = len(members)
+        row["status"] = "complete" if all(m["summary"].get("complete") for m in members) else "partial"
+        for k in VALUE_KEYS:
+            row[k] = _mean([m["summary"].get(k) for m in members])
+        works = [_run_work(m["run"], m["summary"]) for m in members]
+        row["_work"] = _mean([w for w, _ in works])
+        kinds = {kind for _, kind in works if kind}
+        row["_work_kind"] = kinds.pop() if len(kinds) == 1 else None
+        shares: Dict[str, List[float]] = {}
+        for m in members:
+            for k, v in _headline_shares(m.get("api")).items():
+                shares.setdefault(k, []).append(v)
+        for k, v in shares.items():
+            row[k] = sum(v) / len(v)
+        row["run_dirs"] = ";".join(m["dir"] for m in members)
+        rows.append(row)
+
+    # Scaling against the 1-device row of the baseline group.
+    groups: Dict[Tuple, List[Dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in BASELINE_KEYS), []).append(row)
+    for gkey, grows in groups.items():
+        base = [r for r in grows if r["devices"] == 1 and r["status"] == "complete"]
+        label = ", ".join(f"{k}={v}" for k, v in zip(BASELINE_KEYS, gkey))
+        if not base:
+            for r in grows:
+                r["baseline"] = "none: no complete 1-device run in this group"
+            if any(r["devices"] != 1 for r in grows):
+                problems.append({"path": label, "reason": "no 1-device baseline: speedup/efficiency/overhead not computed"})
+            continue
+        b = base[0]
+        for r in grows:
+            n = r["devices"]
+            r["baseline"] = "self" if r is b else f"1-device row ({b['n_runs']} run(s))"
+            if r["status"] != "complete" or not isinstance(n, int):
+                continue
+            if b["tokens_per_second"] and r["tokens_per_second"] is not None:
+                r["speedup_tput"] = r["tokens_per_second"] / b["tokens_per_second"]
+                r["efficiency_tput"] = r["speedup_tput"] / n
+            same_work = True
+            if b["_work"] and r["_work"] is not None and b["_work_kind"] == r["_work_kind"]:
+                rel = abs(r["_work"] - b["_work"]) / b["_work"]
+                if rel > work_tolerance:
+                    same_work = False
+                    problems.append({
+                        "path": r["run_dirs"],
+                        "reason": (
+                            f"mismatched: {n}-device run did {r['_work']:.6g} {r['_work_kind']} vs "
+                            f"{b['_work']:.6g} for the 1-device run ({100 * rel:.1f}% apart > "
+                            f"{100 * work_tolerance:g}%): T-based speedup/efficiency/overhead left empty"
+                        ),
+                    })
+            elif r is not b:
+                problems.append({"path": r["run_dirs"], "reason": "work not verified: tokens/samples unknown for this run or its baseline"})
+            if same_work and r["total_time_s"]:
+                t1, tn = b["total_time_s"], r["total_time_s"]
+                r["speedup"] = t1 / tn
+                r["efficiency"] = r["speedup"] / n
+                r["overhead_s"] = tn - t1 / n
+    rows.sort(key=lambda r: tuple(str(r[k]) for k in BASELINE_KEYS) + (r["nodes"] if isinstance(r["nodes"], int) else 0, r["devices"] if isinstance(r["devices"], int) else 0))
+    return rows
+
+
+def table_columns(rows: List[Dict[str, Any]]) -> List[str]:
+    """Column order: group keys, counts, values, scaling, API shares, status, run dirs."""
+    api = sorted({k for r in rows for k in r if k.startswith("api_")})
+    return list(GROUP_KEYS) + ["n_runs"] + list(VALUE_KEYS) + list(SCALING_KEYS) + api + ["status", "run_dirs"]
+
+
+def to_csv(rows: List[Dict[str, Any]], columns: List[str]) -> str:
+    """CSV text (full precision)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+    return buf.getvalue()
+
+
+def to_markdown(rows: List[Dict[str, Any]], columns: List[str], *, title: str = "", note: str = "") -> str:
+    """Markdown table (4 significant digits)."""
+    out = []
+    if title:
+        out.append(f"# {title}\n")
+    if note:
+        out.append(note + "\n")
+    out.append("| " + " | ".join(columns) + " |")
+    out.append("|" + "|".join("---" for _ in columns) + "|")
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r.get(c)).replace("|", "\\|") for c in columns) + " |")
+    return "\n".join(out) + "\n"
+
+
+def api_long_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per-rank API rows of every run that has an ``api_summary.json`` (long format)."""
+    out = []
+    for r in runs:
+        api = r.get("api")
+        if not api:
+            continue
+        meta = r["run"]
+        for rank, body in sorted((api.get("ranks") or {}).items()):
+            for section in ("headline", "rows"):
+                for row in body.get(section, []):
+                    out.append({
+                        "run": meta.get("run_name") or Path(r["dir"]).name,
+                        "devices": meta.get("world_size"),
+                        "source": api.get("source"),
+                        "rank": rank,
+                        "section": section,
+                        **{k: row.get(k) for k in ("category", "name", "seconds", "share", "calls", "bytes")},
+                    })
+    return out
+
+
+def collect(
+    paths: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    warmup_steps: Optional[int] = None,
+    include_partial: bool = False,
+    work_tolerance: float = 0.01,
+    plots: bool = True,
+) -> Dict[str, Any]:
+    """Read run directories and write ``table.csv``, ``table.md``, ``problems.md/json``, plots.
+
+    Args:
+        paths (Sequence[str | os.PathLike]): run directories or parents holding many.
+        out (str | os.PathLike): output directory.
+        warmup_steps (Optional[int]): overrides each run's own warmup.
+        include_partial (bool): keep partial runs as rows (never used for scaling).
+        work_tolerance (float): see :func:`build_table`.
+        plots (bool): also write the PNG plots.
+
+    Returns:
+        Dict[str, Any]: ``rows``, ``problems``, ``api_rows``, ``files`` (written paths).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    dirs, problems = find_run_dirs(paths)
+    runs = []
+    for d in dirs:
+        try:
+            runs.append(load_run(d, warmup_steps=warmup_steps))
+        except (RunReadError, OSError) as e:
+            problems.append({"path": str(d), "reason": f"unreadable: {e}"})
+    rows = build_table(runs, problems, include_partial=include_partial, work_tolerance=work_tolerance)
+    cols = table_columns(rows)
+    files = []
+    atomic_write_text(out / "table.csv", to_csv(rows, cols))
+    atomic_write_text(out / "table.md", to_markdown(rows, cols, title="hlmtune collect", note=T_DEFINITION))
+    files += [out / "table.csv", out / "table.md"]
+    api_rows = api_long_rows(runs)
+    if api_rows:
+        acols = ["run", "devices", "source", "rank", "section", "category", "name", "seconds", "share", "calls", "bytes"]
+        atomic_write_text(out / "api_table.csv", to_csv(api_rows, acols))
+        atomic_write_text(out / "api_table.md", to_markdown(api_rows, acols, title="API summaries (per rank)",
+                                                            note="share = fraction of the category total (CUDA API time, GPU kernel time, GPU memop time, or profiled CPU time)."))
+        files += [out / "api_table.csv", out / "api_table.md"]
+    atomic_write_json(out / "problems.json", problems)
+    md = ["# Problems\n"] + ([f"- `{p['path']}`: {p['reason']}" for p in problems] or ["None."])
+    atomic_write_text(out / "problems.md", "\n".join(md) + "\n")
+    files += [out / "problems.json", out / "problems.md"]
+    if plots and rows:
+        from hlmtune.profiling.plots import write_plots
+
+        files += write_plots(rows, api_rows, out)
+    return {"rows": rows, "problems": problems, "api_rows": api_rows, "files": [str(f) for f in files]}
+
+
+def main_collect(args: Any) -> int:
+    """``hlmtune collect`` entry point (see ``profiling/cli.py``)."""
+    res = collect(
+        args.run_dirs,
+        args.out,
+        warmup_steps=args.warmup_steps,
+        include_partial=args.include_partial,
+        work_tolerance=args.work_tolerance,
+        plots=not args.no_plots,
+    )
+    rows, problems = res["rows"], res["problems"]
+    print(f"{len(rows)} row(s) from {sum(r['n_runs'] for r in rows)} run(s) -> {args.out}")
+    for f in res["files"]:
+        print(f"  wrote {f}")
+    for p in problems:
+        print(f"problem: {p['path']}: {p['reason']}", file=sys.stderr)
+    if not rows:
+        print("error: no usable run (see problems above)", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,39 @@
+"""CLI registration: commands exist, --help documents every flag, no torch at import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hlmtune.cli import build_parser
+
+
+def test_registration_imports_no_torch() -> None:
+    code = "import sys, hlmtune.profiling.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["collect"], ["--out", "--warmup-steps", "--include-partial", "--work-tolerance", "--no-plots"]),
+    (["profile", "nsys"], ["--out", "--window-s", "--delay-s", "--trace", "--stop-app", "--dry-run"]),
+    (["profile", "torch"], ["--out", "--window-s", "--top"]),
+    (["profile", "parse"], ["--out"]),
+])
+def test_help_lists_every_flag(argv, flags, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv + ["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for f in flags:
+        assert f in text
+
+
+def test_profile_without_command_is_an_error(capsys: pytest.CaptureFixture) -> None:
+    from hlmtune.cli import main
+
+    assert main(["profile", "nsys", "--dry-run"]) == 2
+    assert "after `--`" in capsys.readouterr().err
+    assert main(["profile", "torch"]) == 2

@@ -1,0 +1,105 @@
+"""CPU API summaries with torch.profiler: event classification, and a real 2-rank gloo run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hlmtune.cli import main as hlmtune_main
+from hlmtune.profiling.analysis import collect
+from hlmtune.profiling.torchprof import collective_name, summarize_events
+
+
+@dataclass
+class _Ev:
+    key: str
+    count: int
+    cpu_time_total: float  # us, inclusive
+    self_cpu_time_total: float  # us
+
+
+def test_summarize_events_categories_and_shares() -> None:
+    evs = [
+        _Ev("data", 4, 200_000, 1_000), _Ev("forward", 4, 300_000, 1_000), _Ev("backward", 4, 400_000, 1_000),
+        _Ev("optimizer_step", 4, 50_000, 1_000), _Ev("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 5, 100_000, 90_000),
+        _Ev("gloo:all_reduce", 8, 120_000, 120_000), _Ev("c10d::allreduce_", 8, 80_000, 80_000),
+        _Ev("aten::mm", 40, 250_000, 250_000), _Ev("aten::add_", 40, 10_000, 10_000),
+    ]
+    body = summarize_events(evs, wall_s=2.0, top=5)
+    head = {r["name"]: r for r in body["headline"]}
+    assert head["backward"]["seconds"] == pytest.approx(0.4) and head["backward"]["share"] == pytest.approx(0.2)
+    assert head["dataloader_next"]["seconds"] == pytest.approx(0.1) and head["dataloader_next"]["calls"] == 5
+    # c10d op and its gloo work item describe the same collective: the larger one counts
+    assert head["gloo_all_reduce"]["seconds"] == pytest.approx(0.12) and head["gloo_all_reduce"]["calls"] == 8
+    assert head["gloo_all_gather"]["seconds"] == 0.0
+    ops = [r for r in body["rows"] if r["category"] == "cpu_op"]
+    self_total = sum(e.self_cpu_time_total for e in evs) * 1e-6
+    mm = next(r for r in ops if r["name"] == "aten::mm")
+    assert mm["share"] == pytest.approx(0.25 / self_total)
+    assert [r["name"] for r in ops][0] == "aten::mm"  # sorted by self time
+
+
+def test_collective_names() -> None:
+    assert collective_name("gloo:all_reduce") == "all_reduce"
+    assert collective_name("c10d::allgather_") == "all_gather"
+    assert collective_name("c10d::reduce_scatter_") == "reduce_scatter"
+    assert collective_name("aten::mm") is None
+
+
+_SCRIPT = '''
+import torch, torch.distributed as dist
+from torch.profiler import record_function
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+ds = torch.utils.data.TensorDataset(torch.randn(96, 64), torch.randn(96, 1))
+for x, y in torch.utils.data.DataLoader(ds, batch_size=16):
+    with record_function("data"):
+        x = x.clone()
+    with record_function("forward"):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    with record_function("backward"):
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+    with record_function("optimizer_step"):
+        opt.step()
+        opt.zero_grad()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_two_rank_gloo_run_profiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    script = tmp_path / "ddp_tiny.py"
+    script.write_text(textwrap.dedent(_SCRIPT))
+    out = tmp_path / "prof"
+    rc = hlmtune_main(["profile", "torch", "--out", str(out), "--", sys.executable, "-m", "torch.distributed.run",
+                       "--nproc_per_node", "2", "--master-port", "29561", str(script)])
+    assert rc == 0
+    s = json.loads((out / "api_summary.json").read_text())
+    assert s["source"] == "torch.profiler" and set(s["ranks"]) == {"0", "1"}
+    assert len(s["ignored"]) == 1 and "launcher" in s["ignored"][0]["reason"]  # torchrun's own process
+    for rank in ("0", "1"):
+        head = {r["name"]: r for r in s["ranks"][rank]["headline"]}
+        assert head["gloo_all_reduce"]["calls"] == 6 * 4  # 6 steps x 4 parameter tensors
+        assert head["gloo_all_reduce"]["seconds"] > 0
+        for name in ("data", "forward", "backward", "optimizer_step"):
+            assert head[name]["calls"] == 6 and 0 < head[name]["share"] < 1
+        assert head["dataloader_next"]["calls"] == 7  # 6 batches + StopIteration
+        assert any(r["category"] == "cpu_op" and r["name"].startswith("aten::") for r in s["ranks"][rank]["rows"])
+    # The same table shape goes into `hlmtune collect` next to a run.
+    from test_profiling_analysis import make_run
+
+    run = tmp_path / "runs" / "n2"
+    make_run(run, monkeypatch, world_size=2, step_times=[0.2] * 3, tokens_per_step=10)
+    (run / "api_summary.json").write_text((out / "api_summary.json").read_text())
+    res = collect([tmp_path / "runs"], tmp_path / "table")
+    assert res["rows"][0]["api_gloo_all_reduce_pct"] > 0
+    assert (tmp_path / "table" / "api_share_stacked.png").stat().st_size > 5000
