@@ -252,6 +252,16 @@ def run_command(argv: List[str]) -> int:
 
 
 # ---------------------------------------------------------------------------- validate
+def validate_cli(argv: List[str]) -> int:
+    """``hlmtune validate`` with its raw arguments (recipe, --config and overrides in any order)."""
+    parser = argparse.ArgumentParser(prog="hlmtune validate")
+    sub = parser.add_subparsers()
+    register(sub)
+    p = sub.choices["validate"]
+    args = p.parse_intermixed_args(argv)
+    return args.func(args)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from hlmtune._compat import load_config
     from hlmtune.registry import RECIPES, recipe_for_config, resolve_config
@@ -262,10 +272,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"hlmtune validate: {e}", file=sys.stderr)
         return 2
-    if args.recipe and ("=" in args.recipe or args.recipe.startswith("~")):
-        # argparse gives the first override to the optional positional `recipe`.
-        args.overrides.insert(0, args.recipe)
-        args.recipe = None
+    words = ([args.recipe] if args.recipe else []) + list(args.overrides)
+    # Positionals may come in any order around --config: the recipe is the one word that is
+    # not a key=value / ~key override.
+    names = [w for w in words if "=" not in w and not w.startswith("~")]
+    if len(names) > 1:
+        print(f"hlmtune validate: more than one recipe given: {names}", file=sys.stderr)
+        return 2
+    args.recipe = names[0] if names else None
+    args.overrides = [w for w in words if w not in names]
     recipe = args.recipe or recipe_for_config(args.config)
     if recipe is None:
         print(f"hlmtune validate: name the recipe for {args.config}: hlmtune validate <recipe> --config ... (recipes: {', '.join(RECIPES)})", file=sys.stderr)
@@ -281,7 +296,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(f"hlmtune validate: {path}: {e}", file=sys.stderr)
         return 2
     model = cfg.model.get("_component_", "?")
-    size = f", {n_params / 1e9:.2f}B params built on meta" if n_params else ""
+    if n_params:
+        size = f", {n_params / 1e9:.2f}B" if n_params >= 1e9 else f", {n_params / 1e6:.1f}M"
+        size += " params built on meta"
+    else:
+        size = ""
     print(f"OK: {path.name} is valid for {recipe} (model {model}{size})")
     return 0
 
@@ -297,8 +316,12 @@ def _missing_paths(cfg) -> List[str]:
             out.append(f"tokenizer.{key}: {tok[key]}")
     ck = c.get("checkpointer") or {}
     if ck.get("checkpoint_dir"):
-        for f in ck.get("checkpoint_files") or []:
-            if isinstance(f, str) and not (Path(ck["checkpoint_dir"]) / f).exists():
+        files = ck.get("checkpoint_files") or []
+        if isinstance(files, dict):  # {filename_format: model-{}-of-{}.safetensors, max_filename: "00004"}
+            n = files["max_filename"]
+            files = [files["filename_format"].format(str(i).zfill(len(n)), n) for i in range(1, int(n) + 1)]
+        for f in files:
+            if not (Path(ck["checkpoint_dir"]) / f).exists():
                 out.append(f"checkpointer.checkpoint_files: {Path(ck['checkpoint_dir']) / f}")
     return out
 

@@ -65,6 +65,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         from hlmtune._cli_core import run_cli
 
         return run_cli(argv[1:])
+    if argv and argv[0] == "validate":
+        # Overrides may follow the recipe and --config (argparse's plain parse cannot).
+        from hlmtune._cli_core import validate_cli
+
+        return validate_cli(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     rc = args.func(args)

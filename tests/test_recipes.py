@@ -118,15 +118,28 @@ def test_dpo_reward_accuracy_rises(recipe, config, world_size, tiny_model, text_
         assert s["loss"] < 5.0
 
 
-def test_loss_is_world_size_invariant(tiny_model, text_data_dir, tmp_path):
-    """Same global batch at 1 and 2 ranks: same samples per step, same token-weighted loss."""
+def test_loss_is_world_size_and_wrapper_invariant(tiny_model, text_data_dir, tmp_path):
+    """Same global batch at 1 and 2 ranks: same samples per step, same token-weighted loss,
+    whether ranks replicate (DDP, the CPU default) or shard (FSDP2, the CUDA default, run here on gloo)."""
     losses = {}
-    for ws in (1, 2):
-        out = tmp_path / f"ws{ws}"
+    for name, ws, dp in (("ws1", 1, "auto"), ("ws2_ddp", 2, "ddp"), ("ws2_fsdp", 2, "fsdp")):
+        out = tmp_path / name
         run_recipe("lora_finetune_distributed", "tiny_lora", out, model_dir=tiny_model, data_dir=text_data_dir,
-                   nproc=ws if ws > 1 else None, overrides=["max_steps_per_epoch=6", f"batch_size={4 // ws}"])
-        losses[ws] = [s["loss"] for s in read_steps(out)]
-    assert losses[1] == pytest.approx(losses[2], rel=1e-4)
+                   nproc=ws if ws > 1 else None,
+                   overrides=["max_steps_per_epoch=6", f"batch_size={4 // ws}", f"data_parallel={dp}"])
+        losses[name] = [s["loss"] for s in read_steps(out)]
+    assert losses["ws1"] == pytest.approx(losses["ws2_ddp"], rel=1e-4)
+    assert losses["ws1"] == pytest.approx(losses["ws2_fsdp"], rel=1e-3)
+
+
+def test_qlora_under_fsdp2(tiny_model, text_data_dir, tmp_path):
+    """The CUDA QLoRA path (NF4 base sharded by FSDP2), exercised on CPU with gloo."""
+    out = tmp_path / "run"
+    run_recipe("lora_finetune_distributed", "tiny_qlora", out, model_dir=tiny_model, data_dir=text_data_dir,
+               nproc=2, overrides=["max_steps_per_epoch=12", "batch_size=2", "data_parallel=fsdp"])
+    losses = [s["loss"] for s in read_steps(out)]
+    assert mean(losses[-4:]) < mean(losses[:4]) - 0.3, losses
+    assert (out / "epoch_0" / "adapter_model.safetensors").exists()
 
 
 def test_resume_after_kill_matches_uninterrupted(tiny_model, text_data_dir, tmp_path):

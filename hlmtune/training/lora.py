@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -28,6 +29,26 @@ class LoRAMixin:
         comp = str(cfg.model.get("_component_", ""))
         nf4 = bool(cfg.model.get("quantize_base", False)) or comp.rsplit(".", 1)[-1].startswith("qlora_")
         return ("q" + self.METHOD) if nf4 and self.METHOD.startswith("lora") else self.METHOD
+
+    def extra_init_state_dict(self, model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+        """Adapter initial values drawn from the config seed, in module order.
+
+        As torchtune's ``LoRALinear.initialize_parameters`` (Kaiming-uniform A with a=sqrt(5),
+        zero B, after microsoft/LoRA), but full-size on CPU from one seeded generator: the same
+        adapters whether the model is sharded (FSDP2 would otherwise draw per-shard values
+        from each rank's seed + rank stream) or not.
+        """
+        gen = torch.Generator().manual_seed(int(self._cfg.seed))
+        sd: Dict[str, torch.Tensor] = {}
+        for name, m in model.named_modules():
+            a, b = getattr(m, "lora_a", None), getattr(m, "lora_b", None)
+            if not (isinstance(a, torch.nn.Linear) and isinstance(b, torch.nn.Linear)):
+                continue
+            wa = torch.empty(a.weight.shape, dtype=torch.float32)  # (rank, in_dim)
+            torch.nn.init.kaiming_uniform_(wa, a=math.sqrt(5), generator=gen)
+            sd[f"{name}.lora_a.weight"] = wa.to(self._dtype)
+            sd[f"{name}.lora_b.weight"] = torch.zeros(b.weight.shape, dtype=self._dtype)  # (out_dim, rank)
+        return sd
 
     def check_loaded_keys(self, missing: List[str], unexpected: List[str]) -> None:
         """The base checkpoint lacks exactly the adapters; anything else is a mismatch."""

@@ -229,6 +229,14 @@ class RecipeBase:
             if hasattr(m, "rope_init"):
                 m.rope_init()
 
+    def extra_init_state_dict(self, model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+        """Full-size initial values for parameters the base checkpoint lacks (LoRA adapters).
+
+        Loaded together with the checkpoint, so FSDP shards and unsharded replicas start from
+        the same numbers whatever the world size. Default: none.
+        """
+        return {}
+
     def check_loaded_keys(self, missing: List[str], unexpected: List[str]) -> None:
         """Fail on a checkpoint that does not match the model (full fine-tuning: exact match)."""
         if missing or unexpected:
@@ -266,8 +274,14 @@ class RecipeBase:
         t0 = time.perf_counter()
         fsdp = data_parallel == "fsdp"
         init_device = torch.device("meta") if (fsdp and base_sd is not None) else self._device
-        with training.set_default_dtype(self._dtype), init_device:
-            model = config.instantiate(cfg.model)
+        # torchtune seeds each rank with seed + rank; build the model from the config seed so
+        # every rank starts from the same initialisation (random init, LoRA adapters).
+        with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
+            torch.manual_seed(cfg.seed)
+            if self._device.type == "cuda":
+                torch.cuda.manual_seed(cfg.seed)
+            with training.set_default_dtype(self._dtype), init_device:
+                model = config.instantiate(cfg.model)
         model = self.prepare_model(model, cfg)
         if frozen:
             model.requires_grad_(False)
@@ -293,13 +307,14 @@ class RecipeBase:
                             m.to_empty(device=self._device)
                             m.initialize_parameters()
                     self.init_missing_params_after_shard(model)
+                full_sd = {**base_sd, **self.extra_init_state_dict(model)}
                 missing, unexpected = training.load_from_full_model_state_dict(
-                    model, base_sd, self._device, strict=False, cpu_offload=cfg.get("fsdp_cpu_offload", False)
+                    model, full_sd, self._device, strict=False, cpu_offload=cfg.get("fsdp_cpu_offload", False)
                 )
                 self.check_loaded_keys(list(missing), list(unexpected))
         else:
             if base_sd is not None:
-                missing, unexpected = model.load_state_dict(base_sd, strict=False)
+                missing, unexpected = model.load_state_dict({**base_sd, **self.extra_init_state_dict(model)}, strict=False)
                 self.check_loaded_keys(list(missing), list(unexpected))
             with self._device:
                 self.init_missing_params(model)

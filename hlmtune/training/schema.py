@@ -133,10 +133,16 @@ def _check_component(node: Mapping[str, Any], where: str, errors: List[str]) -> 
     params = sig.parameters
     has_var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     given = [k for k in node.keys() if k != "_component_"]
-    if not has_var_kw:
-        for k in given:
-            if k not in params:
-                errors.append(f"{where}.{k}: {comp} has no argument '{k}'{_closest(k, params)}")
+    named = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    for k in given:
+        if k in params:
+            continue
+        if not has_var_kw:
+            errors.append(f"{where}.{k}: {comp} has no argument '{k}'{_closest(k, named)}")
+        elif difflib.get_close_matches(k, named, n=1, cutoff=0.8):
+            # **kwargs would swallow it (e.g. load_dataset kwargs), but it is one edit away
+            # from a declared argument: almost certainly a typo.
+            errors.append(f"{where}.{k}: {comp} has no argument '{k}'{_closest(k, named)}")
     supplied = _RECIPE_SUPPLIED.get(where.split(".")[0], set()) if "." not in where else set()
     positional_slots = 1 if where in ("dataset", "optimizer", "lr_scheduler") else 0
     missing = []
