@@ -1,0 +1,202 @@
+"""``hlmtune tokenize``, ``hlmtune download``, ``hlmtune synth-ecg``.
+
+Registration imports only argparse: numpy, scipy and wfdb are imported inside the
+command functions so ``hlmtune --help`` stays fast. Exit codes: 0 success, 1 some records
+failed (or the download failed), 2 bad arguments or no input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+_EPILOG_TOKENIZE = """\
+examples:
+  hlmtune tokenize --records $HLM_DATA/mitdb --scheme samples --window 128 --out tokens/mitdb
+  hlmtune tokenize --records $HLM_DATA/mitdb --scheme annotation --rr-bins 16 --out tokens/beats
+  hlmtune synth-ecg --out synth && hlmtune tokenize --records synth --scheme samples --out tokens/synth
+
+Output: OUT/manifest.json plus OUT/records/<record>.{tokens.npy,beats.npy,json}. A rerun
+with the same parameters skips finished records. Exit status 1 lists failed records."""
+
+
+class _Defaults(argparse.HelpFormatter):
+    """Shows ``(default: X)`` for options that have a meaningful default."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=34)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        h = action.help or ""
+        if action.required or action.default in (None, False, argparse.SUPPRESS) or "default" in h:
+            return h
+        return h + " (default: %(default)s)"
+
+
+class _Combined(_Defaults, argparse.RawDescriptionHelpFormatter):
+    """Defaults in help and a verbatim epilog."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ECG subcommands to the ``hlmtune`` parser.
+
+    Args:
+        subparsers (argparse._SubParsersAction): from ``parser.add_subparsers()``.
+    """
+    p = subparsers.add_parser(
+        "tokenize",
+        help="tokenize WFDB ECG records into heartbeat token shards",
+        description="Tokenize a directory of WFDB records (with or without beat annotations) into "
+        "memory-mapped token shards and a manifest, in parallel over records.",
+        epilog=_EPILOG_TOKENIZE,
+        formatter_class=_Combined,
+    )
+    g = p.add_argument_group("input / output")
+    g.add_argument("--records", required=True, metavar="DIR", help="WFDB database directory (records from its RECORDS file, else every *.hea)")
+    g.add_argument("--out", required=True, metavar="DIR", help="output directory for shards and manifest.json")
+    g.add_argument("--records-list", metavar="FILE", default=None, help="file with one record name per line to tokenize instead of all records")
+    g.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes (default: the CPUs available; 1 = no pool)")
+    g.add_argument("--sampto", type=int, default=None, metavar="N", help="read only the first N samples of each record (quick runs)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--implementation", choices=("fast", "reference"), default="fast", help="vectorised path or the slow per-beat reference (identical tokens)")
+    g = p.add_argument_group("scheme")
+    g.add_argument("--scheme", choices=("annotation", "samples"), default="samples", help="annotation: one token per beat from its label [x RR bin]; samples: a window of quantized samples per beat")
+    g.add_argument("--window", type=int, default=128, metavar="N", help="samples per beat window at the target rate (128..1024; scheme samples)")
+    g.add_argument("--target-rate", type=float, default=128.0, metavar="HZ", help="canonical sampling rate every record is resampled to")
+    g.add_argument("--label-mode", choices=("aami", "raw"), default="aami", help="beat label classes: AAMI N/S/V/F/Q or raw WFDB symbols")
+    g.add_argument("--quantization", choices=("mu-law", "uniform"), default="mu-law", help="amplitude quantizer")
+    g.add_argument("--levels", type=int, default=256, metavar="N", help="quantization levels")
+    g.add_argument("--amplitude-mv", type=float, default=3.0, metavar="MV", help="quantizer range +-MV after baseline removal (beyond: clipped)")
+    g.add_argument("--mu", type=float, default=255.0, help="mu-law compression constant")
+    g.add_argument("--rr-bins", type=int, default=16, metavar="N", help="RR-interval bins (0 = no RR information)")
+    g.add_argument("--rr-min", type=float, default=0.2, metavar="S", help="lower edge of the first RR bin (seconds)")
+    g.add_argument("--rr-max", type=float, default=2.0, metavar="S", help="upper edge of the last RR bin (seconds)")
+    g = p.add_argument_group("beats and leads")
+    g.add_argument("--lead", default="MLII", help="lead name, or signal index (e.g. 0)")
+    g.add_argument("--lead-fallback", choices=("first", "error"), default="first", help="when the lead is absent: use signal 0 (noted in the manifest) or fail the record")
+    g.add_argument("--annotation-ext", default="atr", metavar="EXT", help="reference beat annotation file extension")
+    g.add_argument("--no-annotations", action="store_true", help="ignore annotation files for beat positions: run the R-peak detector (Se/+P vs the annotations is reported when they exist)")
+    g.add_argument("--detector", choices=("gqrs", "xqrs"), default="gqrs", help="R-peak detector from wfdb.processing")
+    g.add_argument("--detector-check", action="store_true", help="also run the detector on annotated records and report Se/+P (150 ms window)")
+    g.add_argument("--on-missing-annotations", choices=("detect", "error"), default="detect", help="record without annotation file: use the detector or fail the record")
+    g.add_argument("--on-unknown-symbols", choices=("error", "drop"), default="error", help="annotation symbols that are not WFDB codes: fail the record or drop them")
+    p.set_defaults(func=cmd_tokenize)
+
+    p = subparsers.add_parser(
+        "download",
+        help="download a PhysioNet database (needs internet)",
+        description="Download a PhysioNet database with wfdb.dl_database. Needs internet access; "
+        "offline it fails with a clear error and exit status 1.",
+        formatter_class=_Defaults,
+    )
+    p.add_argument("database", choices=("mitdb",), help="database to download (mitdb: MIT-BIH Arrhythmia Database, ~100 MB)")
+    p.add_argument("--out", required=True, metavar="DIR", help="destination directory")
+    p.add_argument("--record", action="append", default=None, metavar="NAME", help="download only this record (repeatable; default: all)")
+    p.set_defaults(func=cmd_download)
+
+    p = subparsers.add_parser(
+        "synth-ecg",
+        help="write synthetic labeled ECG records (WFDB) for offline runs",
+        description="Write synthetic WFDB records (2 leads, format 212) with beat annotations "
+        "(N, V, A) and atrial fibrillation episodes (rhythm annotations) for offline runs.",
+        formatter_class=_Defaults,
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="destination directory")
+    p.add_argument("--n-records", type=int, default=4, metavar="N", help="records to write (every other one has an AF episode)")
+    p.add_argument("--duration", type=float, default=120.0, metavar="S", help="length of each record in seconds")
+    p.add_argument("--fs", type=int, default=360, metavar="HZ", help="sampling rate")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
+    p.set_defaults(func=cmd_synth)
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    """Run ``hlmtune tokenize``.
+
+    Args:
+        args (argparse.Namespace): parsed arguments.
+
+    Returns:
+        int: 0 all records done, 1 some failed, 2 bad arguments / no input.
+    """
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, default_workers, tokenize_directory
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+
+    try:
+        params = TokenizerParams(
+            scheme=args.scheme, window=args.window, target_rate=args.target_rate, label_mode=args.label_mode,
+            quantization=args.quantization, levels=args.levels, amplitude_mv=args.amplitude_mv, mu=args.mu,
+            rr_bins=args.rr_bins, rr_min_s=args.rr_min, rr_max_s=args.rr_max,
+        )
+        options = RecordOptions(
+            lead=args.lead, lead_fallback=args.lead_fallback, use_annotations=not args.no_annotations,
+            annotation_ext=args.annotation_ext, on_missing_annotations=args.on_missing_annotations,
+            on_unknown_symbols=args.on_unknown_symbols, detector_check=args.detector_check,
+            detector=args.detector, sampto=args.sampto,
+        )
+        records = None
+        if args.records_list:
+            lst = Path(args.records_list)
+            if not lst.exists():
+                raise FileNotFoundError(f"--records-list {lst} does not exist")
+            records = [ln.strip() for ln in lst.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+        summary = tokenize_directory(
+            Path(args.records), Path(args.out), params=params, options=options, records=records,
+            workers=args.workers or default_workers(), progress=not args.no_progress,
+            implementation=args.implementation,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hlmtune tokenize: error: {e}", file=sys.stderr)
+        return 2
+    print(summary.format())
+    return 0 if summary.ok else 1
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    """Run ``hlmtune download``: ``wfdb.dl_database`` with a clear offline error.
+
+    Args:
+        args (argparse.Namespace): parsed arguments.
+
+    Returns:
+        int: 0 downloaded, 1 failed (network or server).
+    """
+    import wfdb
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        wfdb.dl_database(args.database, str(out), records=args.record or "all")
+    except OSError as e:  # requests' ConnectionError/Timeout/HTTPError are OSErrors
+        print(
+            f"hlmtune download {args.database}: cannot download from PhysioNet into {out}: this command needs "
+            f"internet access to physionet.org ({type(e).__name__}: {str(e)[:300]}). Offline, copy the database "
+            f"from a machine that has it and pass its directory to `hlmtune tokenize --records`.",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as e:  # wfdb raises ValueError etc. for unknown databases/records
+        print(f"hlmtune download {args.database}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"downloaded {args.database} into {out}")
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """Run ``hlmtune synth-ecg``.
+
+    Args:
+        args (argparse.Namespace): parsed arguments.
+
+    Returns:
+        int: 0.
+    """
+    from hlmtune.ecg_tokenizer.synth import write_synthetic_database
+
+    if args.n_records < 1 or args.duration < 5:
+        print("hlmtune synth-ecg: error: need --n-records >= 1 and --duration >= 5", file=sys.stderr)
+        return 2
+    names = write_synthetic_database(Path(args.out), n_records=args.n_records, fs=args.fs, duration_s=args.duration, seed=args.seed)
+    print(f"wrote {len(names)} synthetic records to {os.fspath(args.out)}: {' '.join(names)}")
+    return 0

@@ -1,0 +1,420 @@
+"""Read and validate one WFDB record: one lead, beat positions, labels and rhythms.
+
+Everything the tokenizers need comes out of :func:`load_record` as an :class:`EcgRecord`
+(digital samples of one lead, beat positions, beat symbols, per-beat rhythm). Every
+problem is a :class:`RecordError` naming the record and the problem, so a directory run can
+report it and carry on with the other records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from hlmtune.ecg_tokenizer.labels import BEAT_SYMBOLS, NON_BEAT_SYMBOLS, rhythm_name
+
+ON_MISSING_ANNOTATIONS = ("detect", "error")
+ON_UNKNOWN_SYMBOLS = ("error", "drop")
+LEAD_FALLBACKS = ("first", "error")
+_SYMBOL_CODE = {s: i for i, s in enumerate(BEAT_SYMBOLS)}
+_CODES = {**{s: -1 for s in NON_BEAT_SYMBOLS}, "+": -3, **_SYMBOL_CODE}
+_FMT_16 = frozenset({"8", "16", "61", "80", "160", "212", "310", "311"})
+# Units WFDB headers use for ECG, as a factor to millivolts.
+_UNIT_TO_MV = {"mv": 1.0, "uv": 1e-3, "µv": 1e-3, "v": 1e3, "nu": 1.0, "": 1.0}
+
+
+class RecordError(Exception):
+    """A record that cannot be tokenized.
+
+    Args:
+        record (str): record name.
+        problem (str): what is wrong (names the file or the value).
+    """
+
+    def __init__(self, record: str, problem: str) -> None:
+        super().__init__(f"record {record}: {problem}")
+        self.record = record
+        self.problem = problem
+
+    def __reduce__(self):  # picklable across the process pool
+        return (RecordError, (self.record, self.problem))
+
+
+@dataclass
+class EcgRecord:
+    """One lead of a record with its beats.
+
+    Attributes:
+        name (str): record name relative to the records directory (e.g. ``"100"``).
+        fs (float): sampling rate (Hz).
+        lead (str): lead name used.
+        signal (np.ndarray): (n_samples,) integer (int16 or int64) digital samples of that lead.
+        gain_per_mv (float): digital units per millivolt.
+        beat_samples (np.ndarray): (n_beats,) int64 R-peak sample indices, increasing.
+        beat_symbols (np.ndarray): (n_beats,) int16 index into ``BEAT_SYMBOLS``; -1 unlabeled.
+        beat_rhythms (np.ndarray): (n_beats,) int16 index into ``rhythms``; -1 unknown.
+        rhythms (List[str]): rhythm labels in order of first appearance.
+        beat_source (str): ``"annotations"`` or ``"detector"``.
+        annotated_beats (int): beat annotations in the annotation file (0 when none).
+        detector (Optional[Dict]): detector vs annotation statistics, when both exist.
+        inputs (Dict[str, str]): input file name -> sha256.
+        notes (List[str]): non-fatal remarks (e.g. lead fallback).
+        n_samples (int): samples in the lead (from ``signal`` when not given).
+    """
+
+    name: str
+    fs: float
+    lead: str
+    signal: np.ndarray
+    gain_per_mv: float
+    beat_samples: np.ndarray
+    beat_symbols: np.ndarray
+    beat_rhythms: np.ndarray
+    rhythms: List[str]
+    beat_source: str
+    annotated_beats: int
+    detector: Optional[Dict[str, float]] = None
+    inputs: Dict[str, str] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    n_samples: int = -1
+
+    def __post_init__(self) -> None:
+        if self.n_samples < 0:
+            self.n_samples = int(self.signal.shape[0])
+
+    def without_signal(self) -> "EcgRecord":
+        """A copy without the samples (cheap to send between processes for writing)."""
+        return dataclasses.replace(self, signal=self.signal[:0], n_samples=self.n_samples)
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def list_records(records_dir: Path) -> List[str]:
+    """Record names in a directory: its ``RECORDS`` file, else every ``*.hea`` (recursive).
+
+    Args:
+        records_dir (Path): database directory.
+
+    Returns:
+        List[str]: names relative to ``records_dir`` without extension, sorted.
+
+    Raises:
+        FileNotFoundError: no such directory or no records in it.
+    """
+    records_dir = Path(records_dir)
+    if not records_dir.is_dir():
+        raise FileNotFoundError(f"records directory {records_dir} does not exist")
+    listing = records_dir / "RECORDS"
+    if listing.exists():
+        names = [ln.strip() for ln in listing.read_text().splitlines() if ln.strip()]
+    else:
+        names = [p.relative_to(records_dir).with_suffix("").as_posix() for p in records_dir.rglob("*.hea")]
+    if not names:
+        raise FileNotFoundError(f"no WFDB records (*.hea or RECORDS) in {records_dir}")
+    return sorted(set(names))
+
+
+def _expected_bytes(fmt: str, n_values: int, byte_offset: int) -> Optional[int]:
+    """Signal file size a header implies, or None when the format is not fixed-width."""
+    from wfdb.io._signal import BYTES_PER_SAMPLE
+
+    bps = BYTES_PER_SAMPLE.get(str(fmt))
+    if not bps or str(fmt) in ("310", "311"):
+        return None
+    return int(byte_offset or 0) + int(math.ceil(n_values * bps))
+
+
+def _check_signal_files(name: str, base: Path, header) -> List[Path]:
+    """Check every signal file exists and has the size the header implies."""
+    files: Dict[str, List[int]] = {}
+    for i, fn in enumerate(header.file_name or []):
+        files.setdefault(fn, []).append(i)
+    paths = []
+    for fn, chans in files.items():
+        path = base.parent / fn
+        paths.append(path)
+        if not path.exists():
+            raise RecordError(name, f"signal file {fn} is missing ({path})")
+        if header.sig_len is None:
+            continue
+        i0 = chans[0]
+        fmt = header.fmt[i0]
+        offset = (header.byte_offset or [0] * header.n_sig)[i0] or 0
+        want = _expected_bytes(fmt, header.sig_len * len(chans), offset)
+        have = path.stat().st_size
+        if want is None or have == want:
+            continue
+        what = (
+            f"{header.sig_len} samples x {len(chans)} signals, format {fmt}"
+            + (f", byte offset {offset}" if offset else "")
+        )
+        if have < want:
+            raise RecordError(name, f"signal file {fn} is truncated: {have} bytes, header implies {want} ({what})")
+        raise RecordError(
+            name, f"header disagrees with signal file {fn}: file has {have} bytes, header implies {want} ({what})"
+        )
+    return paths
+
+
+def _read_header(name: str, base: Path, hea: Path):
+    """``wfdb.rdheader`` with a RecordError naming the header on failure."""
+    import wfdb
+
+    try:
+        return wfdb.rdheader(str(base))
+    except Exception as e:  # wfdb raises many types for bad headers
+        raise RecordError(name, f"header {hea.name} is unreadable: {type(e).__name__}: {e}") from None
+
+
+def _formats_fit_int16(hea: Path) -> bool:
+    """True when every signal format in the header has at most 16 bits (a read hint only:
+    anything unexpected returns False and the samples come back as int64)."""
+    try:
+        lines = [ln for ln in hea.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        n_sig = int(lines[0].split()[1])
+        fmts = [re.match(r"\d+", ln.split()[1]).group() for ln in lines[1 : 1 + n_sig]]
+        return len(fmts) == n_sig > 0 and all(f in _FMT_16 for f in fmts)
+    except Exception:
+        return False
+
+
+def _pick_lead(name: str, sig_names: List[str], lead: str, lead_fallback: str, notes: List[str]) -> int:
+    """Index of the requested lead (name, or an integer index given as a string)."""
+    if lead.isdigit():
+        idx = int(lead)
+        if idx >= len(sig_names):
+            raise RecordError(name, f"lead index {idx} out of range: record has {len(sig_names)} signals {sig_names}")
+        return idx
+    if lead in sig_names:
+        return sig_names.index(lead)
+    if lead_fallback == "first":
+        notes.append(f"lead {lead} absent, used {sig_names[0]} (signals: {sig_names})")
+        return 0
+    raise RecordError(name, f"lead {lead} not in the record (signals: {sig_names})")
+
+
+def load_record(
+    records_dir: Path,
+    name: str,
+    *,
+    lead: str = "MLII",
+    lead_fallback: str = "first",
+    use_annotations: bool = True,
+    annotation_ext: str = "atr",
+    on_missing_annotations: str = "detect",
+    on_unknown_symbols: str = "error",
+    detector_check: bool = False,
+    detector: str = "gqrs",
+    sampto: Optional[int] = None,
+    hash_inputs: bool = True,
+) -> EcgRecord:
+    """Read one lead and the beats of a record, validating everything on the way.
+
+    Args:
+        records_dir (Path): database directory.
+        name (str): record name relative to it.
+        lead (str): lead name (default ``MLII``) or signal index as a string (``"0"``).
+        lead_fallback (str): ``"first"`` uses signal 0 when the lead is absent (noted in
+            the record's notes; MIT-BIH 102 and 104 have no MLII), ``"error"`` fails.
+        use_annotations (bool): take beats from the annotation file; False runs the
+            detector (and compares it with the annotations when they exist).
+        annotation_ext (str): annotation file extension.
+        on_missing_annotations (str): ``"detect"`` (R-peak detector) or ``"error"``.
+        on_unknown_symbols (str): ``"error"`` or ``"drop"`` annotations whose symbol is not
+            a WFDB code.
+        detector_check (bool): also run the detector on annotated records and report its
+            sensitivity / positive predictivity against the annotations.
+        detector (str): R-peak detector, ``"gqrs"`` or ``"xqrs"`` (wfdb.processing).
+        sampto (Optional[int]): read only samples [0, sampto) (quick runs, tests).
+        hash_inputs (bool): compute sha256 of the input files.
+
+    Returns:
+        EcgRecord: the record.
+
+    Raises:
+        RecordError: any problem, naming the record.
+    """
+    import wfdb
+
+    if on_missing_annotations not in ON_MISSING_ANNOTATIONS:
+        raise ValueError(f"on_missing_annotations must be one of {ON_MISSING_ANNOTATIONS}")
+    if on_unknown_symbols not in ON_UNKNOWN_SYMBOLS:
+        raise ValueError(f"on_unknown_symbols must be one of {ON_UNKNOWN_SYMBOLS}")
+    base = Path(records_dir) / name
+    hea = base.with_name(base.name + ".hea")
+    if not hea.exists():
+        raise RecordError(name, f"header {hea.name} is missing ({hea})")
+    full = sampto is None
+    # Fast path: one wfdb.rdrecord call (it parses the header once; reading both leads of a
+    # format-212 file costs about the same as one). The header's promises (file sizes,
+    # lead, checksum) are checked on the record it returns; when wfdb fails, the header is
+    # read on its own to say exactly what is wrong.
+    try:
+        rec = wfdb.rdrecord(
+            str(base), physical=False, sampto=None if full else int(sampto),
+            return_res=16 if _formats_fit_int16(hea) else 64,
+        )
+    except Exception as e:  # wfdb raises many types for broken records
+        header = _read_header(name, base, hea)
+        _check_signal_files(name, base, header)
+        raise RecordError(name, f"signal file unreadable: {type(e).__name__}: {e}") from None
+    header = rec if full else _read_header(name, base, hea)
+    if getattr(header, "seg_name", None) is not None:
+        raise RecordError(name, "multi-segment records are not supported")
+    if not header.n_sig:
+        raise RecordError(name, "header lists no signals")
+    fs = float(header.fs)
+    if not fs > 0:
+        raise RecordError(name, f"header sampling rate {header.fs} is not positive")
+    sig_files = _check_signal_files(name, base, header)
+    notes: List[str] = []
+    ch = _pick_lead(name, list(header.sig_name), lead, lead_fallback, notes)
+    if rec.d_signal is None or rec.d_signal.ndim != 2 or rec.d_signal.shape[1] <= ch:
+        raise RecordError(name, f"signal file holds no samples for lead {header.sig_name[ch]}")
+    sig = np.ascontiguousarray(rec.d_signal[:, ch])
+    if sig.size == 0:
+        raise RecordError(name, "signal has no samples")
+    fmt = str(header.fmt[ch])
+    lead_name = header.sig_name[ch]
+    if full and header.checksum is not None and header.checksum[ch] is not None:
+        # WFDB checksum: the sum of the samples modulo 2**16 (headers write it signed or not).
+        cs = int(sig.sum(dtype=np.int64)) & 0xFFFF
+        if cs != int(header.checksum[ch]) & 0xFFFF:
+            cs = cs - 65536 if cs >= 32768 else cs
+            raise RecordError(
+                name,
+                f"header disagrees with signal file: checksum of {lead_name} is {cs}, header says {header.checksum[ch]}",
+            )
+    from wfdb.io._signal import INVALID_SAMPLE_VALUE
+
+    invalid = INVALID_SAMPLE_VALUE.get(fmt)
+    lo, hi = int(sig.min()), int(sig.max())
+    if invalid is not None and lo <= invalid:  # the NaN code is the format's minimum value
+        bad = np.flatnonzero(sig == invalid)
+        if bad.size:
+            raise RecordError(
+                name,
+                f"NaN (invalid) samples in lead {lead_name}: {bad.size} of {sig.size}, first at sample {int(bad[0])}",
+            )
+    if lo == hi:
+        raise RecordError(name, f"flat signal: lead {lead_name} is constant ({int(sig[0])}) over {sig.size} samples")
+    gain = float(header.adc_gain[ch] or 200.0)  # WFDB: gain 0 means the default 200/mV
+    unit = (header.units[ch] if header.units else "mV") or "mV"
+    factor = _UNIT_TO_MV.get(unit.strip().lower())
+    if factor is None:
+        raise RecordError(name, f"lead {lead_name} has units {unit!r}, expected mV, uV or V")
+    gain_per_mv = gain / factor
+    n = int(sig.size)
+
+    inputs: Dict[str, str] = {}
+    if hash_inputs:
+        for p in [hea, *sig_files]:
+            inputs[p.name] = sha256_file(p)
+
+    atr = base.with_name(f"{base.name}.{annotation_ext}")
+    ann_samples = ann_symbols = None
+    rhythms: List[str] = []
+    ann_rhythms = None
+    annotated = 0
+    if atr.exists():
+        try:
+            ann = wfdb.rdann(str(base), annotation_ext, sampto=None if full else n)
+        except Exception as e:
+            raise RecordError(name, f"annotation file {atr.name} is unreadable: {type(e).__name__}: {e}") from None
+        if hash_inputs:
+            inputs[atr.name] = sha256_file(atr)
+        samples = np.asarray(ann.sample, dtype=np.int64)
+        if not full:  # a partial read keeps the annotations inside it
+            inside = int(np.searchsorted(samples, n, side="left"))
+            samples = samples[:inside]
+            ann.symbol = ann.symbol[:inside]
+            ann.aux_note = (ann.aux_note or [""] * inside)[:inside]
+        # One dict lookup per annotation: beat code >= 0, non-beat -1, rhythm change -3,
+        # anything else (undefined codes come back as NaN) -2.
+        codes = np.fromiter((_CODES.get(sym, -2) for sym in ann.symbol), dtype=np.int16, count=samples.size)
+        unknown = np.flatnonzero(codes == -2)
+        if unknown.size and on_unknown_symbols == "error":
+            sym = ann.symbol[int(unknown[0])]
+            what = f"symbol {sym!r}" if isinstance(sym, str) else "code (not in the WFDB code table)"
+            raise RecordError(name, f"unknown annotation {what} at sample {int(samples[unknown[0]])} in {atr.name}")
+        # Rhythm in force at each annotation: forward-fill the last '+' with a rhythm note.
+        aux = ann.aux_note or [""] * samples.size
+        change = np.full(samples.size, -1, dtype=np.int64)
+        for i in np.flatnonzero(codes == -3).tolist():
+            r = rhythm_name(aux[i])
+            if r:
+                if r not in rhythms:
+                    rhythms.append(r)
+                change[i] = rhythms.index(r)
+        pos = np.maximum.accumulate(np.where(change >= 0, np.arange(samples.size), -1)) if samples.size else change
+        rh_idx = np.where(pos >= 0, change[np.maximum(pos, 0)], -1).astype(np.int16)
+        keep = codes >= 0
+        ann_samples, ann_symbols, ann_rhythms = samples[keep], codes[keep], rh_idx[keep]
+        annotated = int(ann_samples.size)
+        if annotated and (ann_samples[0] < 0 or ann_samples[-1] >= n):
+            raise RecordError(
+                name, f"beat annotation at sample {int(ann_samples[-1])} lies outside the signal ({n} samples)"
+            )
+        if annotated and np.any(np.diff(ann_samples) <= 0):
+            order = np.argsort(ann_samples, kind="stable")
+            ann_samples, ann_symbols, ann_rhythms = ann_samples[order], ann_symbols[order], ann_rhythms[order]
+            dup = np.flatnonzero(np.diff(ann_samples) == 0)
+            if dup.size:
+                raise RecordError(name, f"two beat annotations at sample {int(ann_samples[dup[0]])} in {atr.name}")
+    elif use_annotations and on_missing_annotations == "error":
+        raise RecordError(name, f"annotation file {atr.name} is missing ({atr}) and on_missing_annotations=error")
+
+    det_stats = None
+    if use_annotations and ann_samples is not None:
+        beats, symbols, beat_rh, source = ann_samples, ann_symbols, ann_rhythms, "annotations"
+        if detector_check:
+            from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
+
+            det_stats = compare_beats(ann_samples, detect_beats(sig, gain_per_mv, fs, detector), fs)
+    else:
+        from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
+
+        beats = detect_beats(sig, gain_per_mv, fs, detector)
+        symbols = np.full(beats.size, -1, dtype=np.int16)
+        beat_rh = np.full(beats.size, -1, dtype=np.int16)
+        source = "detector"
+        if ann_samples is not None:
+            det_stats = compare_beats(ann_samples, beats, fs)
+            # Rhythm is a property of time: carry the annotated rhythm onto detected beats.
+            if rhythms:
+                beat_rh = _rhythm_at(beats, ann, rhythms)
+        if beats.size == 0:
+            raise RecordError(name, f"the R-peak detector found no beats in lead {lead_name}")
+    return EcgRecord(
+        name=name, fs=fs, lead=lead_name, signal=sig, gain_per_mv=gain_per_mv,
+        beat_samples=np.asarray(beats, dtype=np.int64), beat_symbols=np.asarray(symbols, dtype=np.int16),
+        beat_rhythms=np.asarray(beat_rh, dtype=np.int16), rhythms=rhythms, beat_source=source,
+        annotated_beats=annotated, detector=det_stats, inputs=inputs, notes=notes,
+    )
+
+
+def _rhythm_at(beats: np.ndarray, ann, rhythms: List[str]) -> np.ndarray:
+    """Rhythm index in force at each sample of ``beats`` from the '+' annotations."""
+    starts, idx = [], []
+    for s, sym, note in zip(ann.sample, ann.symbol, ann.aux_note or []):
+        r = rhythm_name(note) if sym == "+" else ""
+        if r:
+            starts.append(int(s))
+            idx.append(rhythms.index(r))
+    pos = np.searchsorted(np.asarray(starts, dtype=np.int64), beats, side="right") - 1
+    out = np.where(pos >= 0, np.asarray(idx, dtype=np.int16)[np.maximum(pos, 0)], -1)
+    return out.astype(np.int16)

@@ -1,0 +1,142 @@
+"""Directory runs: good records finish, bad ones are listed with reasons, reruns resume,
+outputs are byte-identical across runs and worker counts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
+from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+
+GOOD = ["100", "119", "201"]
+OPTS = RecordOptions(sampto=360 * 45)
+P = TokenizerParams()
+
+
+def _copy(src: Path, name: str, dst: Path) -> None:
+    for ext in ("hea", "dat", "atr"):
+        shutil.copyfile(src / f"{name}.{ext}", dst / f"{name}.{ext}")
+
+
+@pytest.fixture()
+def db(mitdb_dir, tmp_path):
+    d = tmp_path / "db"
+    d.mkdir()
+    for n in GOOD + ["101", "103", "105"]:
+        _copy(mitdb_dir, n, d)
+    raw = (d / "101.dat").read_bytes()
+    (d / "101.dat").write_bytes(raw[:1000])  # truncated
+    (d / "105.dat").unlink()  # missing
+    b = bytearray((d / "103.atr").read_bytes())  # an undefined annotation code
+    w = np.frombuffer(bytes(b), dtype="<u2")
+    i = int(np.flatnonzero((w >> 10) == 1)[0])
+    b[2 * i : 2 * i + 2] = ((int(w[i]) & 0x3FF) | (45 << 10)).to_bytes(2, "little")
+    (d / "103.atr").write_bytes(bytes(b))
+    return d
+
+
+def _files(out: Path):
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_directory_run_resume_and_determinism(db, mitdb_dir, tmp_path):
+    out = tmp_path / "out"
+    s = tokenize_directory(db, out, params=P, options=OPTS, workers=2, progress=False)
+    assert not s.ok and s.done == GOOD and s.skipped == []
+    reasons = {f["record"]: f["reason"] for f in s.failed}
+    assert set(reasons) == {"101", "103", "105"}
+    assert reasons["101"].startswith("signal file 101.dat is truncated: 1000 bytes")
+    assert reasons["103"].startswith("unknown annotation code")
+    assert reasons["105"].startswith("signal file 105.dat is missing")
+    m = json.loads((out / "manifest.json").read_text())
+    assert [r["record"] for r in m["records"]] == GOOD
+    assert m["failed"] == [{"record": k, "reason": reasons[k]} for k in sorted(reasons)]
+    assert "FAILED records:" in s.format() and "101: signal file 101.dat is truncated" in s.format()
+    first = _files(out)
+
+    # Rerun: finished records are skipped, failures reported again, bytes unchanged.
+    s2 = tokenize_directory(db, out, params=P, options=OPTS, workers=1, progress=False)
+    assert s2.done == [] and s2.skipped == GOOD and len(s2.failed) == 3
+    assert _files(out) == first
+
+    # One worker into a fresh directory: byte-identical outputs (manifest included).
+    out1 = tmp_path / "out1"
+    tokenize_directory(db, out1, params=P, options=OPTS, workers=1, progress=False)
+    assert _files(out1) == first
+
+    # Damage: a lost done marker and a truncated shard are redone; a stray temp file is ignored.
+    (out / "records" / "100.json").unlink()
+    tok = out / "records" / "119.tokens.npy"
+    tok.write_bytes(tok.read_bytes()[:-10])
+    (out / "records" / ".201.tokens.npy.tmp.999").write_bytes(b"partial")
+    s3 = tokenize_directory(db, out, params=P, options=OPTS, workers=1, progress=False)
+    assert s3.done == ["100", "119"] and s3.skipped == ["201"]
+    (out / "records" / ".201.tokens.npy.tmp.999").unlink()
+    assert _files(out) == first
+
+    # Repair two bad records: only they are tokenized now; 105 still fails.
+    for n in ("101", "103"):
+        _copy(mitdb_dir, n, db)
+    s4 = tokenize_directory(db, out, params=P, options=OPTS, workers=2, progress=False)
+    assert s4.done == ["101", "103"] and s4.skipped == GOOD and [f["record"] for f in s4.failed] == ["105"]
+
+
+def test_changed_parameters_or_inputs_redo(db, tmp_path):
+    out = tmp_path / "out"
+    tokenize_directory(db, out, params=P, options=OPTS, records=["100"], progress=False)
+    s = tokenize_directory(db, out, params=TokenizerParams(levels=128), options=OPTS, records=["100"], progress=False)
+    assert s.done == ["100"]
+    s = tokenize_directory(db, out, params=TokenizerParams(levels=128), options=OPTS, records=["100"], progress=False)
+    assert s.skipped == ["100"]
+    with open(db / "100.hea", "a") as f:  # an input changed: its sha256 no longer matches the marker
+        f.write("# edited\n")
+    s = tokenize_directory(db, out, params=TokenizerParams(levels=128), options=OPTS, records=["100"], progress=False)
+    assert s.done == ["100"]
+
+
+def test_reference_implementation_same_bytes(db, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    opts = RecordOptions(sampto=360 * 20)
+    tokenize_directory(db, a, params=P, options=opts, records=["119"], progress=False)
+    tokenize_directory(db, b, params=P, options=opts, records=["119"], progress=False, implementation="reference")
+    assert _files(a) == _files(b)
+
+
+def test_detector_run_reports_se_ppv(db, tmp_path):
+    out = tmp_path / "out"
+    opts = RecordOptions(sampto=360 * 60, use_annotations=False)
+    s = tokenize_directory(db, out, params=TokenizerParams(scheme="annotation"), options=opts,
+                           records=["100", "119"], progress=False)
+    det = s.manifest["totals"]["detector"]
+    assert det["records"] == 2 and det["sensitivity"] > 0.97 and det["positive_predictivity"] > 0.97
+    assert all(r["beat_source"] == "detector" for r in s.manifest["records"])
+    assert s.manifest["totals"]["label_counts"].keys() == {"<unlabeled>"}
+    assert "detector vs annotations (150 ms window, 2 records): Se" in s.format()
+
+
+def test_interrupted_run_leaves_no_manifest(db, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    tokenize_directory(db, out, params=P, options=OPTS, records=GOOD, progress=False)
+    assert (out / "manifest.json").exists()
+    import hlmtune.ecg_tokenizer.core as core
+
+    real, calls = core.tokenize_record, []
+
+    def dies_on_second(rec, params):
+        calls.append(rec.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(rec, params)
+
+    monkeypatch.setattr(core, "tokenize_record", dies_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_directory(db, out, params=TokenizerParams(levels=64), options=OPTS, records=GOOD, progress=False)
+    assert not (out / "manifest.json").exists()  # nothing looks done
+    monkeypatch.setattr(core, "tokenize_record", real)
+    s = tokenize_directory(db, out, params=TokenizerParams(levels=64), options=OPTS, records=GOOD, progress=False)
+    assert s.ok and len(s.done) == 2 and len(s.skipped) == 1  # the record finished before the crash is kept
