@@ -49,10 +49,8 @@ _EXPORTS: Dict[str, str] = {
     "write_report_json": "report",
 }
 
-# ---------------------------------------------------------------------------------------------
-# ECG dataset builder (lead): re-export it here by adding its name and module, e.g.
-#   _EXPORTS["ecg_dataset"] = "ecg"      # data_builders/ecg.py
-# ---------------------------------------------------------------------------------------------
+# ecg.py: ECG heartbeat tokens (the builder lives in hlmtune.ecg_tokenizer.dataset)
+_EXPORTS.update({"ecg_tokens_dataset": "ecg", "ECGTokensDataset": "ecg"})
 
 __all__: List[str] = sorted(_EXPORTS)
 
