@@ -56,7 +56,7 @@ def main() -> int:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     tmp = Path(tempfile.mkdtemp(prefix="collector_overhead_"))
     off = DiskLogger(log_dir=str(tmp / "off"))
