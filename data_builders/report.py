@@ -25,9 +25,9 @@ import json
 import math
 import os
 import statistics
-import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
+from hlmtune._io import atomic_write_text
 from hlmtune.data_builders.preference import TEMPLATE_NAMES as _PREF_TEMPLATES
 from hlmtune.data_builders.preference import hh_rlhf_dataset, stack_exchange_paired_dataset
 from hlmtune.data_builders.sft import TEMPLATE_NAMES as _SFT_TEMPLATES
@@ -283,29 +283,6 @@ def format_report(rows: Iterable[Mapping[str, Any]], fmt: str = "markdown") -> s
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(k)) for k in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
-
-
-def atomic_write_text(path: Union[str, os.PathLike], text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same directory, fsync, replace).
-
-    Args:
-        path (Union[str, os.PathLike]): destination.
-        text (str): content.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_report_json(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import platform
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -27,6 +26,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from hlmtune.ecg_tokenizer.core import TokenizedRecord, get_vocab
+from hlmtune._io import atomic_write_bytes  # noqa: F401  (re-exported: callers import it from here)
 from hlmtune.ecg_tokenizer.records import EcgRecord, sha256_file
 from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
@@ -34,26 +34,6 @@ FORMAT = "hlmtune.ecg_tokens"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 RECORDS_SUBDIR = "records"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename).
-
-    Args:
-        path (Path): destination.
-        data (bytes): content.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def json_bytes(obj: Any) -> bytes:

@@ -8,7 +8,10 @@ are imported directly where used.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import TYPE_CHECKING, Dict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from omegaconf import DictConfig
 
 
 def llama3_special_tokens() -> Dict[str, int]:
@@ -42,7 +45,7 @@ def ensure_torchao_aliases() -> None:
         qat.FakeQuantizeConfig = qat.IntxFakeQuantizeConfig
 
 
-def load_config(config_path: str, overrides: list) -> "DictConfig":  # noqa: F821
+def load_config(config_path: str, overrides: list) -> "DictConfig":
     """Load a YAML config and apply ``key=value`` / ``~key`` overrides exactly as ``tune run`` does.
 
     Uses torchtune's private ``config._utils._merge_yaml_and_cli_args`` so that

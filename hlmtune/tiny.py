@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from hlmtune._io import atomic_write_bytes, atomic_write_text
+
 # A few paragraphs of plain English so the merges look like a language tokenizer's.
 _CORPUS = """
 Below is an instruction that describes a task. Write a response that appropriately completes
@@ -100,10 +102,10 @@ def write_tiny_tokenizer(out_dir: str | os.PathLike, *, num_merges: int = 256) -
     out.mkdir(parents=True, exist_ok=True)
     ranks = train_bpe_ranks(_CORPUS, num_merges)
     lines = [f"{base64.b64encode(tok).decode()} {rank}" for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
-    _atomic_write_text(out / "tokenizer.model", "\n".join(lines) + "\n")
+    atomic_write_text(out / "tokenizer.model", "\n".join(lines) + "\n")
     names = llama3_special_token_names()
     added = [{"id": len(ranks) + i, "content": name, "special": True} for i, name in enumerate(names)]
-    _atomic_write_text(out / "tokenizer.json", json.dumps({"added_tokens": added}, indent=1))
+    atomic_write_text(out / "tokenizer.json", json.dumps({"added_tokens": added}, indent=1))
     return {
         "path": str(out / "tokenizer.model"),
         "special_tokens_path": str(out / "tokenizer.json"),
@@ -143,7 +145,6 @@ def write_tiny_llama3_checkpoint(
         Path: the checkpoint directory.
     """
     import torch
-    from safetensors.torch import save_file
     from torchtune.models.convert_weights import tune_to_hf
     from torchtune.models.llama3 import llama3
 
@@ -165,9 +166,9 @@ def write_tiny_llama3_checkpoint(
         model.tok_embeddings.weight.mul_(0.02)
     sd = tune_to_hf(model.state_dict(), num_heads=num_heads, num_kv_heads=num_kv_heads, dim=embed_dim)
     sd = {k: v.contiguous().clone() for k, v in sd.items()}
-    tmp = out / "model.safetensors.tmp"
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
+    from safetensors.torch import save as save_bytes
+
+    atomic_write_bytes(out / "model.safetensors", save_bytes(sd, metadata={"format": "pt"}))
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -184,7 +185,7 @@ def write_tiny_llama3_checkpoint(
         "torch_dtype": "float32",
         "tie_word_embeddings": False,
     }
-    _atomic_write_text(out / "config.json", json.dumps(config, indent=2))
+    atomic_write_text(out / "config.json", json.dumps(config, indent=2))
     return out
 
 
@@ -233,12 +234,3 @@ def write_tiny_assets(out_dir: str | os.PathLike, *, embed_dim: int = 256, num_l
         "intermediate_dim": inter,
         "max_seq_len": max_seq_len,
     }
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -17,9 +17,10 @@ import json
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from hlmtune._io import atomic_write_text
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.jsonl"
@@ -35,30 +36,6 @@ _PEAK_KEY = re.compile(r"^peak_(memory_(alloc|reserved|active)|rss)_gib(_rank\d+
 
 class RunReadError(ValueError):
     """A run directory that cannot be read; the message names the file and line."""
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same directory, fsync, replace).
-
-    Args:
-        path (str | os.PathLike): destination.
-        text (str): content.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

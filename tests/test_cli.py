@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from hlmtune._cli_core import build_run_command, split_run_args
 from hlmtune.cli import main

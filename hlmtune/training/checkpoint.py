@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
+from hlmtune._io import atomic_torch_save
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -32,15 +33,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 STATE_FILE = "state.json"
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _rng_state() -> Dict[str, Any]:
@@ -130,12 +122,12 @@ def save_training_state(
             shutil.rmtree(partial)
         partial.mkdir(parents=True)
     dist.barrier()
-    _atomic_torch_save({"dataloader": dataloader.state_dict(), "rng": _rng_state()}, partial / f"rank{rank}.pt")
+    atomic_torch_save({"dataloader": dataloader.state_dict(), "rng": _rng_state()}, partial / f"rank{rank}.pt")
     if rank == 0:
-        _atomic_torch_save(model_sd, partial / "trainable.pt")
-        _atomic_torch_save(optim_sd, partial / "optimizer.pt")
+        atomic_torch_save(model_sd, partial / "trainable.pt")
+        atomic_torch_save(optim_sd, partial / "optimizer.pt")
         if lr_scheduler is not None:
-            _atomic_torch_save(lr_scheduler.state_dict(), partial / "lr_scheduler.pt")
+            atomic_torch_save(lr_scheduler.state_dict(), partial / "lr_scheduler.pt")
     dist.barrier()
     if rank == 0:
         state = dict(recipe_state, world_size=dist.get_world_size())

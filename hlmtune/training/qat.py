@@ -11,16 +11,15 @@ with per-group scales) and int8 dynamic activations, written as
 from __future__ import annotations
 
 import io
-import logging
-import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torchtune import config, training, utils
 
 from hlmtune._compat import ensure_torchao_aliases, fake_quant_toggles
+from hlmtune._io import atomic_torch_save
 
 log = utils.get_logger("INFO")
 
@@ -130,12 +129,7 @@ class QATMixin:
         out_dir.mkdir(parents=True, exist_ok=True)
         name = qcfg.get("output_name", None) or f"model-{self._quantizer_mode.replace('-qat', '')}.pt"
         path = out_dir / name
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            torch.save(qsd, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_torch_save(qsd, path)
         # Prove it: a fresh converted model loads the file (weights_only) and runs.
         check = quantizer.convert(build())
         check.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))

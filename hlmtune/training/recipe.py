@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
-import math
-import os
 import resource
 import socket
 import sys
@@ -36,6 +33,7 @@ from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 from torchtune import config, training, utils
 from tqdm import tqdm
 
+from hlmtune._io import atomic_torch_save
 from hlmtune.training import checkpoint as ckpt
 from hlmtune.training.dist import (
     DistInfo,
@@ -622,7 +620,7 @@ class RecipeBase:
             else:
                 out = self._output_dir / f"epoch_{epoch}"
                 out.mkdir(parents=True, exist_ok=True)
-                ckpt._atomic_torch_save(payload[training.MODEL_KEY], out / "model.pt")
+                atomic_torch_save(payload[training.MODEL_KEY], out / "model.pt")
 
     # ------------------------------------------------------------------ teardown
     def _setup_profiler(self, cfg_profiler: Optional[DictConfig]) -> Any:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 # Keys every torchtune fine-tuning recipe reads.
 _TORCHTUNE_COMMON = frozenset(
