@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from hlmtune.ecg_tokenizer.annotations import read_mit_annotations
 from hlmtune.ecg_tokenizer.labels import BEAT_SYMBOLS, NON_BEAT_SYMBOLS, rhythm_name
 
 ON_MISSING_ANNOTATIONS = ("detect", "error")
@@ -332,7 +333,11 @@ def load_record(
     annotated = 0
     if atr.exists():
         try:
-            ann = wfdb.rdann(str(base), annotation_ext, sampto=None if full else n)
+            # Vectorised reader (same fields as wfdb.rdann); None = a construct it leaves to
+            # wfdb (definitions at sample 0, undefined codes, damaged files).
+            ann = read_mit_annotations(atr, sampto=None if full else n)
+            if ann is None:
+                ann = wfdb.rdann(str(base), annotation_ext, sampto=None if full else n)
         except Exception as e:
             raise RecordError(name, f"annotation file {atr.name} is unreadable: {type(e).__name__}: {e}") from None
         if hash_inputs:
