@@ -186,3 +186,21 @@ def test_override_typo_is_rejected_before_launch(tiny_model, text_data_dir, tmp_
     assert proc.returncode == 2
     assert "unknown key 'batch_sise'" in proc.stderr and "did you mean 'batch_size'" in proc.stderr
     assert not (tmp_path / "typo").exists()
+
+
+def test_tune_run_runs_pack_recipes_by_namespaced_path(tiny_model, text_data_dir, tmp_path):
+    """torchtune's top-level `recipes` package shadows ours; the namespaced path works from anywhere."""
+    import sys
+
+    tune = str(Path(sys.executable).with_name("tune"))
+    cfg = subprocess.run([HLMTUNE, "path", "tiny_lora"], capture_output=True, text=True).stdout.strip()
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [tune, "run", "--nproc_per_node", "2", "hlmtune/recipes/lora_finetune_distributed.py", "--config", cfg,
+         f"model_dir={tiny_model}", f"data_dir={text_data_dir}", f"output_dir={out}", "max_steps_per_epoch=3",
+         "batch_size=2", "metric_logger._component_=hlmtune.profiling.collector.CollectorLogger",
+         f"metric_logger.log_dir={out}/metrics"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = read_steps(out)
+    assert len(steps) == 3 and "peak_rss_gib_rank1" in steps[0]
