@@ -46,7 +46,10 @@ def run_demo(*, out: Path, data: Optional[str], steps: int, max_ranks: int) -> i
     out = out.resolve()
     model_dir = out / "tiny-llama3"
     print(f"[demo] writing tiny Llama3 (tokenizer + HF checkpoint) to {model_dir}", flush=True)
-    write_tiny_assets(model_dir)
+    # Big enough that compute, not per-step overhead, dominates a CPU step (~11M params), so the
+    # 1 vs 2 rank comparison shows scaling; still about a minute in all.
+    dims = {"embed_dim": 384, "num_layers": 4, "intermediate_dim": 1152, "max_seq_len": 512}
+    assets = write_tiny_assets(model_dir, **dims)
     hlmtune = str(Path(sys.executable).with_name("hlmtune"))
     global_batch = 4
     run_dirs = []
@@ -54,19 +57,23 @@ def run_demo(*, out: Path, data: Optional[str], steps: int, max_ranks: int) -> i
         if global_batch % n:
             continue
         run = out / "runs" / f"lora_ws{n}"
-        # Every world size under torchrun, which gives each rank OMP_NUM_THREADS=1: one core
-        # per rank is the CPU analog of one GPU per rank, so 1 vs 2 ranks compares like for like.
+        # One thread per rank at every world size: one core per rank is the CPU analog of one
+        # GPU per rank, so 1 vs 2 ranks compares like for like.
         cmd = [hlmtune, "run", "--nproc_per_node", str(n),
             "lora_finetune_distributed", "--config", "tiny_lora",
             f"model_dir={model_dir}", f"data_dir={data_path.parent}",
             f"dataset.data_files={data_path}", f"output_dir={run}",
             f"max_steps_per_epoch={steps}", f"batch_size={global_batch // n}",
+            f"model.embed_dim={dims['embed_dim']}", f"model.num_layers={dims['num_layers']}",
+            f"model.intermediate_dim={dims['intermediate_dim']}", f"model.num_heads={assets['num_heads']}",
+            f"model.num_kv_heads={assets['num_kv_heads']}", "dataset.packed=True", "tokenizer.max_seq_len=512",
             f"metric_logger._component_={COLLECTOR}", f"metric_logger.log_dir={run}/metrics",
             "metric_logger.wrapped._component_=torchtune.training.metric_logging.DiskLogger",
             f"metric_logger.wrapped.log_dir={run}/logs",
         ]
         print(f"[demo] LoRA on {n} rank{'s' if n > 1 else ''}: {steps} steps, global batch {global_batch}", flush=True)
-        proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+        # torchrun sets OMP_NUM_THREADS=1 only for more than one rank: pin it for every run.
+        proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if proc.returncode != 0:
             print(proc.stderr[-4000:], file=sys.stderr)
             print(f"[demo] run on {n} ranks failed (exit {proc.returncode})", file=sys.stderr)
