@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Real data for tests and benchmarks (not shipped). Override: make test HLM_DATA=/path/to/data
-HLM_DATA ?= $(abspath ../shared/data)
+# Real data for tests and benchmarks (not shipped; tests needing it are skipped without it).
+# Override: make test HLM_DATA=/path/to/data
+HLM_DATA ?= $(wildcard $(abspath ../shared/data))
 export HLM_DATA
 
 .PHONY: install test demo bench clean
