@@ -117,7 +117,6 @@ class RecipeBase:
         self.global_step: int = 0
         self._step_in_epoch: int = 0
         self._steps_per_epoch: int = 0
-        self._last_metrics: Dict[str, float] = {}
 
     # ------------------------------------------------------------------ setup
     def setup(self, cfg: DictConfig) -> None:
@@ -544,7 +543,6 @@ class RecipeBase:
         return total_loss / max(total_tokens, 1.0)
 
     def _log(self, metrics: Dict[str, float], pbar: tqdm) -> None:
-        self._last_metrics = metrics
         if not self._is_rank_zero:
             return
         self._metric_logger.log_dict(metrics, step=self.global_step)
