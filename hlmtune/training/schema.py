@@ -226,27 +226,14 @@ def _check_values(data: Mapping[str, Any], recipe: str, errors: List[str]) -> No
     dp = data.get("data_parallel", "auto")
     if dp not in DATA_PARALLEL_CHOICES:
         errors.append(f"data_parallel must be one of {DATA_PARALLEL_CHOICES}, got {dp!r}{_closest(str(dp), DATA_PARALLEL_CHOICES)}")
-    dl = data.get("data_loader")
-    if dl is not None:
-        if not isinstance(dl, Mapping):
-            errors.append(f"data_loader must be a mapping, got {dl!r}")
-        else:
-            for k in dl:
-                if k not in DATA_LOADER_KEYS:
-                    errors.append(f"unknown key 'data_loader.{k}'{_closest(k, DATA_LOADER_KEYS)}")
-            if dl.get("split", "distributed") not in SPLIT_CHOICES:
-                errors.append(f"data_loader.split must be one of {SPLIT_CHOICES}, got {dl.get('split')!r}")
-            nw = dl.get("num_workers", 0)
-            if not isinstance(nw, int) or nw < 0:
-                errors.append(f"data_loader.num_workers must be an integer >= 0, got {nw!r}")
-    q = data.get("quantize")
-    if q is not None:
-        if not isinstance(q, Mapping):
-            errors.append(f"quantize must be a mapping, got {q!r}")
-        else:
-            for k in q:
-                if k not in QUANTIZE_KEYS:
-                    errors.append(f"unknown key 'quantize.{k}'{_closest(k, QUANTIZE_KEYS)}")
+    dl = _pack_section(data, "data_loader", DATA_LOADER_KEYS, errors)
+    if dl:
+        if dl.get("split", "distributed") not in SPLIT_CHOICES:
+            errors.append(f"data_loader.split must be one of {SPLIT_CHOICES}, got {dl.get('split')!r}")
+        nw = dl.get("num_workers", 0)
+        if not isinstance(nw, int) or nw < 0:
+            errors.append(f"data_loader.num_workers must be an integer >= 0, got {nw!r}")
+    _pack_section(data, "quantize", QUANTIZE_KEYS, errors)
     if data.get("optimizer_in_bwd"):
         errors.append("optimizer_in_bwd=True is not supported by the pack recipes (use a paged 8-bit optimizer to save memory)")
     tp = data.get("tensor_parallel_dim", 1)
@@ -258,6 +245,20 @@ def _check_values(data: Mapping[str, Any], recipe: str, errors: List[str]) -> No
         errors.append("missing required key 'checkpointer' (DPO starts from a trained model)")
     if recipe != "full_finetune_distributed" and "checkpointer" not in data:
         errors.append("missing required key 'checkpointer'")
+
+
+def _pack_section(data: Mapping[str, Any], name: str, allowed: FrozenSet[str], errors: List[str]) -> Mapping[str, Any]:
+    """Check a pack section (a plain mapping of known keys); returns it, or {} when absent or bad."""
+    section = data.get(name)
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        errors.append(f"{name} must be a mapping, got {section!r}")
+        return {}
+    for k in section:
+        if k not in allowed:
+            errors.append(f"unknown key '{name}.{k}'{_closest(k, allowed)}")
+    return section
 
 
 def build_model_on_meta(cfg_model: DictConfig, dtype: str = "bf16") -> int:
