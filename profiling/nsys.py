@@ -49,7 +49,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hlmtune.profiling.runs import API_SUMMARY_FILE, atomic_write_json
+from hlmtune.profiling.runs import API_SUMMARY_FILE, atomic_write_json, profiled_command
 
 STATS_REPORTS = ("cuda_api_sum", "cuda_gpu_kern_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum")
 _OLD_REPORT_NAMES = {"cudaapisum": "cuda_api_sum", "gpukernsum": "cuda_gpu_kern_sum",
@@ -475,11 +475,8 @@ def build_stats_command(report: str | os.PathLike, out_prefix: str | os.PathLike
 
 def run_nsys(args: Any) -> int:
     """``hlmtune profile nsys`` entry point."""
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        print("error: give the command to profile after `--`, e.g. hlmtune profile nsys -- hlmtune run ...", file=sys.stderr)
+    cmd = profiled_command(args.cmd, "nsys")
+    if cmd is None:
         return 2
     out = Path(args.out)
     prof = build_profile_command(cmd, out, window_s=args.window_s, delay_s=args.delay_s, trace=args.trace,

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -36,6 +37,17 @@ _PEAK_KEY = re.compile(r"^peak_(memory_(alloc|reserved|active)|rss)_gib(_rank\d+
 
 class RunReadError(ValueError):
     """A run directory that cannot be read; the message names the file and line."""
+
+
+def profiled_command(cmd: List[str], tool: str) -> Optional[List[str]]:
+    """The command to profile from ``hlmtune profile <tool> -- <cmd...>`` (None, with an error printed, if empty)."""
+    cmd = list(cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print(f"error: give the command to profile after `--`, e.g. hlmtune profile {tool} -- hlmtune run ...", file=sys.stderr)
+        return None
+    return cmd
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hlmtune.profiling.runs import API_SUMMARY_FILE, atomic_write_json
+from hlmtune.profiling.runs import API_SUMMARY_FILE, atomic_write_json, profiled_command
 
 ENV_OUT = "HLMTUNE_TORCH_PROFILE_OUT"
 ENV_WINDOW = "HLMTUNE_TORCH_PROFILE_WINDOW_S"
@@ -188,11 +188,8 @@ def merge(out: str | os.PathLike) -> Dict[str, Any]:
 
 def run_torch(args: Any) -> int:
     """``hlmtune profile torch`` entry point."""
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        print("error: give the command to profile after `--`", file=sys.stderr)
+    cmd = profiled_command(args.cmd, "torch")
+    if cmd is None:
         return 2
     out = Path(args.out).resolve()
     boot = out / ".boot"
