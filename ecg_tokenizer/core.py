@@ -9,8 +9,10 @@ Scheme ``samples`` per record::
 
 where ``m_r`` is the canonical sample nearest the R peak. Beats whose window needs input
 samples outside the record are dropped and reported. The token stream of a record is
-``<bos> beat ... beat <eos>``; a ``samples`` beat is ``<sep> LABEL [RR] q... q``; an
-``annotation`` beat is one token (label, or label x RR bin).
+``<bos> beat ... beat <eos>``; a ``samples`` beat is ``<sep> [RR] q... q``: signal-derived
+tokens only, its label lives in the beat table (``beats.npy``) so a model reading the stream
+never sees a cardiologist's label; an ``annotation`` beat is one token (label, or label x RR
+bin), the symbol stream of rhythm models, never an input for beat classification.
 :mod:`hlmtune.ecg_tokenizer.reference` computes the same thing one beat at a time.
 """
 
@@ -201,12 +203,11 @@ def tokenize_record(rec: EcgRecord, params: TokenizerParams) -> TokenizedRecord:
         win -= base
         mv = np.divide(win, SCALE * rec.gain_per_mv, out=win)  # (k, W) millivolts
         lev = _fast_quantizer(params)(mv)  # (k, W), == vocab.quantize(mv, edges)
-        h = 3 if nb else 2
+        h = 2 if nb else 1  # <sep> [rr]: no label token, the label stays in the beat table
         body = np.empty((k, h + w), dtype=vocab.dtype)  # (k, tokens per beat)
         body[:, 0] = SEP_ID
-        body[:, 1] = vocab.label_base + labels[keep]
         if nb:
-            body[:, 2] = vocab.rr_base + rrb[keep]
+            body[:, 1] = vocab.rr_base + rrb[keep]
         lev += vocab.sample_base
         body[:, h:] = lev
 

@@ -74,7 +74,7 @@ def tokenize_record_reference(rec: EcgRecord, params: TokenizerParams) -> Tokeni
             baseline = np.median(window)
             mv = (window - baseline) / (SCALE * rec.gain_per_mv)
             levels = quantize(mv, q_edges)
-            tokens += [SEP_ID, vocab.label_base + label]
+            tokens.append(SEP_ID)  # the label is never written into a samples stream
             if nb:
                 tokens.append(vocab.rr_base + rb)
             tokens += [vocab.sample_base + int(q) for q in levels]

@@ -31,7 +31,9 @@ from hlmtune.ecg_tokenizer.records import EcgRecord, sha256_file
 from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
 FORMAT = "hlmtune.ecg_tokens"
-FORMAT_VERSION = 1
+# 2: ``samples`` beats carry no label token (``<sep> [rr] q...q``) and the vocabulary ends
+#    with task tokens. Version-1 shards put the label before the beat's waveform.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 RECORDS_SUBDIR = "records"
 
@@ -266,6 +268,14 @@ def read_manifest(path: Path) -> Dict[str, Any]:
     if m.get("format") != FORMAT:
         raise ValueError(f"{path} is not an ECG token manifest (format {m.get('format')!r})")
     if m.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {m.get('format_version')} unsupported (want {FORMAT_VERSION})")
+        why = (
+            " (version 1 wrote each beat's label into the samples stream, before its waveform: a model "
+            "reading it sees the answer)" if m.get("format_version") == 1 else ""
+        )
+        raise ValueError(
+            f"{path}: ECG token shards of format_version {m.get('format_version')}{why}; this hlmtune reads "
+            f"version {FORMAT_VERSION}. Rebuild them: `hlmtune tokenize --records <WFDB dir> --out {path.parent}` "
+            "with the same options"
+        )
     m["_dir"] = str(path.parent)
     return m

@@ -3,10 +3,11 @@
 ``ECGTokenizer`` follows torchtune's ``ModelTokenizer`` protocol (``special_tokens``,
 ``max_seq_len``, ``tokenize_messages``, ``__call__`` on a sample with ``messages``) and
 ``BaseTokenizer`` (``encode``/``decode``). Its text form is the whitespace-separated token
-names (``<bos> <sep> N rr05 q128 q131 ... <eos>``), which is what message contents of the
+names (``<bos> <sep> rr05 q128 q131 ... <eos>``), which is what message contents of the
 ECG prompt datasets hold (e.g. user: a beat sequence, assistant: a rhythm token such as
-``(AFIB``). ``decode`` returns the beats: labels, RR bins and, for the ``samples``
-scheme, the dequantized waveforms (mV at ``target_rate``).
+``(AFIB``). ``decode`` returns the beats: labels (scheme ``annotation``), RR bins and, for
+the ``samples`` scheme, the dequantized waveforms (mV at ``target_rate``). A ``samples`` beat
+holds no label: labels there are only answers (a label token after ``<beat?>``).
 
 YAML::
 
@@ -44,7 +45,8 @@ class DecodedECG:
     """Beats recovered from token ids.
 
     Attributes:
-        labels (List[str]): label class per beat.
+        labels (List[str]): scheme ``annotation``: label class per beat; scheme
+            ``samples``: the label tokens met (answers of classification prompts).
         rr_bins (List[int]): RR bin per beat (-1 unknown or no RR information).
         rr_s (List[float]): centre of each RR bin in seconds (NaN when unknown).
         waveforms (Optional[np.ndarray]): (n_beats, window) dequantized mV, scheme
@@ -117,7 +119,7 @@ class ECGTokenizer:
         """Tokens one beat takes in a record stream."""
         if self.params.scheme == "annotation":
             return 1
-        return 2 + (1 if self.params.rr_bins else 0) + int(self.params.window)
+        return 1 + (1 if self.params.rr_bins else 0) + int(self.params.window)
 
     def id_to_token(self, i: int) -> str:
         """Name of a token id."""
@@ -141,7 +143,7 @@ class ECGTokenizer:
         """Token names (a string) or beats (a mapping, see :meth:`encode_beats`) to ids.
 
         Args:
-            text (Union[str, Mapping]): ``"<sep> N rr05 q128 ..."`` or
+            text (Union[str, Mapping]): ``"<sep> rr05 q128 ..."`` or
                 ``{"labels": [...], "waveforms": ..., "rr_s": ...}``.
             add_bos (bool): prepend ``<bos>``.
             add_eos (bool): append ``<eos>``.
@@ -152,7 +154,8 @@ class ECGTokenizer:
         """
         if isinstance(text, Mapping):
             return self.encode_beats(
-                text["labels"], waveforms=text.get("waveforms"), rr_s=text.get("rr_s"), add_bos=add_bos, add_eos=add_eos
+                text.get("labels"), waveforms=text.get("waveforms"), rr_s=text.get("rr_s"), add_bos=add_bos,
+                add_eos=add_eos,
             )
         ids = [self.token_to_id(t) for t in text.split()]
         return ([BOS_ID] if add_bos else []) + ids + ([EOS_ID] if add_eos else [])
@@ -168,7 +171,7 @@ class ECGTokenizer:
 
     def encode_beats(
         self,
-        labels: Sequence[str],
+        labels: Optional[Sequence[str]] = None,
         *,
         waveforms: Optional[np.ndarray] = None,
         rr_s: Optional[Sequence[float]] = None,
@@ -178,7 +181,9 @@ class ECGTokenizer:
         """Beats to ids, in the layout the shards use.
 
         Args:
-            labels (Sequence[str]): label class per beat (``"N"``, ``"V"``, ``"<unlabeled>"``).
+            labels (Optional[Sequence[str]]): label class per beat (``"N"``, ``"V"``,
+                ``"<unlabeled>"``); scheme ``annotation`` only (a ``samples`` beat holds
+                no label).
             waveforms (Optional[np.ndarray]): (n_beats, window) mV at ``target_rate``,
                 baseline already removed (scheme ``samples``).
             rr_s (Optional[Sequence[float]]): RR interval per beat in seconds (NaN unknown);
@@ -190,27 +195,32 @@ class ECGTokenizer:
             List[int]: token ids.
 
         Raises:
-            ValueError: unknown label, missing or mis-shaped waveforms.
+            ValueError: unknown label, missing labels (annotation) or waveforms (samples),
+                mis-shaped waveforms.
         """
-        n = len(labels)
-        try:
-            cls = np.array([self._class_index[c] for c in labels], dtype=np.int64)
-        except KeyError as e:
-            raise ValueError(f"unknown label {e.args[0]!r}; classes: {self.vocab.classes}") from None
-        rrb = self._rr_bins(rr_s, n)
         nb = int(self.params.rr_bins)
         v = self.vocab
         if self.params.scheme == "annotation":
+            if labels is None:
+                raise ValueError("scheme 'annotation' needs labels (one token per beat)")
+            n = len(labels)
+            try:
+                cls = np.array([self._class_index[c] for c in labels], dtype=np.int64)
+            except KeyError as e:
+                raise ValueError(f"unknown label {e.args[0]!r}; classes: {self.vocab.classes}") from None
+            rrb = self._rr_bins(rr_s, n)
             body = v.label_base + (cls * (nb + 1) + rrb if nb else cls)
             ids = body.tolist()
         else:
             if waveforms is None:
                 raise ValueError("scheme 'samples' needs waveforms of shape (n_beats, window)")
             w = np.asarray(waveforms, dtype=np.float64)
-            if w.shape != (n, int(self.params.window)):
-                raise ValueError(f"waveforms must have shape ({n}, {self.params.window}), got {w.shape}")
+            n = w.shape[0] if w.ndim == 2 else -1
+            if w.ndim != 2 or w.shape[1] != int(self.params.window) or (labels is not None and len(labels) != n):
+                raise ValueError(f"waveforms must have shape (n_beats, {self.params.window}), got {w.shape}")
+            rrb = self._rr_bins(rr_s, n)
             lev = quantize(w, self._edges)
-            head = [np.full(n, SEP_ID), v.label_base + cls] + ([v.rr_base + rrb] if nb else [])
+            head = [np.full(n, SEP_ID)] + ([v.rr_base + rrb] if nb else [])
             ids = np.concatenate([np.stack(head, axis=1), v.sample_base + lev], axis=1).reshape(-1).tolist()
         return ([BOS_ID] if add_bos else []) + ids + ([EOS_ID] if add_eos else [])
 
@@ -251,27 +261,31 @@ class ECGTokenizer:
                 if v.label_base <= t < v.rr_base:
                     k = t - v.label_base
                     add(k // (nb + 1), k % (nb + 1)) if nb else add(k, -1)
-                elif t >= v.rhythm_base:
+                elif v.rhythm_base <= t < v.task_base:
                     out.rhythms.append(v.names[t])
             return out
         i, n = 0, ids.size
         while i < n:
             t = int(ids[i])
-            if t >= v.rhythm_base:
+            if v.rhythm_base <= t < v.task_base:
                 out.rhythms.append(v.names[t])
+            elif v.label_base <= t < v.rr_base:
+                out.labels.append(v.classes[t - v.label_base])  # an answer, not part of a beat
             if t != SEP_ID:
                 i += 1
                 continue
-            h = 3 if nb else 2
+            h = 2 if nb else 1
             seg = ids[i : i + h + w]
             ok = (
                 seg.size == h + w
-                and v.label_base <= seg[1] < v.rr_base
-                and (not nb or v.rr_base <= seg[2] < v.sample_base)
+                and (not nb or v.rr_base <= seg[1] < v.sample_base)
                 and np.all((seg[h:] >= v.sample_base) & (seg[h:] < v.rhythm_base))
             )
             if ok:
-                add(int(seg[1]) - v.label_base, int(seg[2]) - v.rr_base if nb else -1)
+                rb = int(seg[1]) - v.rr_base if nb else -1
+                known = nb and rb < nb
+                out.rr_bins.append(rb if known else -1)
+                out.rr_s.append(float(centers[rb]) if known else math.nan)
                 beats_levels.append(seg[h:] - v.sample_base)
                 i += h + w
             else:

@@ -6,10 +6,15 @@ Token layout (ids in this order, see docs/ecg_tokenizer.md):
 specials        ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<sep>`` 3 (beat separator)
 beat tokens     scheme ``annotation``: one per label class, or one per
                 (label class, RR bin) when ``rr_bins > 0`` (``N|rr03``, ``N|rr?``);
-                scheme ``samples``: one per label class (``N`` ... ``<unlabeled>``)
+                scheme ``samples``: one per label class (``N`` ... ``<unlabeled>``);
+                never in a ``samples`` record stream, only as the answer of a
+                beat-classification prompt (after the beat's own tokens)
 RR tokens       scheme ``samples`` with ``rr_bins > 0``: ``rr00`` ... and ``rr?`` (unknown)
 sample tokens   scheme ``samples``: ``q000`` ... one per quantization level
 rhythm tokens   ``(AFIB`` ... ``(OTHER`` (prompts only; rhythms are shard metadata)
+task tokens     ``<beat?>`` (classify the beat before it), ``<af?>`` (is this segment
+                atrial fibrillation?), answers ``<af>`` / ``<not_af>``: prompts of the
+                Heart Language Model's fine-tuning tasks (:mod:`hlmtune.data_builders.ecg`)
 ==============  ===============================================================
 """
 
@@ -29,6 +34,8 @@ from hlmtune.ecg_tokenizer.labels import LABEL_MODES, RHYTHM_OTHER, RHYTHMS, lab
 SCHEMES = ("annotation", "samples")
 QUANTIZATIONS = ("mu-law", "uniform")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
+# Appended after the rhythm tokens so every earlier id keeps its value.
+TASK_TOKENS = ("<beat?>", "<af?>", "<af>", "<not_af>")
 PAD_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3
 WINDOW_MIN, WINDOW_MAX = 128, 1024
 
@@ -146,6 +153,8 @@ class Vocabulary:
         self.rhythm_base = len(names)
         self.rhythms: List[str] = [*RHYTHMS, RHYTHM_OTHER]
         names += self.rhythms
+        self.task_base = len(names)
+        names += list(TASK_TOKENS)
         self.names: List[str] = names
         self.ids: Dict[str, int] = {n: i for i, n in enumerate(names)}
         if len(self.ids) != len(names):  # pragma: no cover - guards the layout above
@@ -161,7 +170,7 @@ class Vocabulary:
             "pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "sep": SEP_ID,
             "label_base": self.label_base, "rr_base": self.rr_base,
             "sample_base": self.sample_base, "rhythm_base": self.rhythm_base,
-            "size": len(self.names),
+            "task_base": self.task_base, "size": len(self.names),
         }
 
     def rhythm_id(self, rhythm: str) -> int:

@@ -78,7 +78,9 @@ def test_beat_counts_and_labels_match_annotations(mitdb_dir, name):
         assert tok.tokens[0] == 1 and tok.tokens[-1] == 2
         if p.scheme == "samples":
             assert np.all(tok.tokens[tok.beats["token_start"]] == 3)
-            assert np.array_equal(tok.tokens[tok.beats["token_start"] + 1] - v.label_base, tok.beats["label"])
+            assert np.array_equal(tok.tokens[tok.beats["token_start"] + 1] - v.rr_base, tok.beats["rr_bin"])
+            # no label token anywhere in a samples stream (labels live in the beat table)
+            assert not np.any((tok.tokens >= v.label_base) & (tok.tokens < v.rr_base))
 
 
 def test_af_rhythm_metadata(mitdb_dir):

@@ -73,7 +73,7 @@ def test_golden_is_sane(mitdb_dir, golden):
         s = golden["samples"][name]
         assert s["n_beats"] + s["n_dropped"] == sum(counts.values())
         assert s["head"][:2] == [1, 3]  # <bos> <sep>
-        assert s["n_tokens"] == 2 + s["n_beats"] * (3 + 128)
+        assert s["n_tokens"] == 2 + s["n_beats"] * (2 + 128)  # <sep> rr q*128: no label token
 
 
 if __name__ == "__main__":  # regenerate (review the diff before committing)

@@ -33,7 +33,7 @@ def test_manifest_schema_and_checksums(mitdb_dir, tmp_path):
     s = tokenize_directory(mitdb_dir, out, params=TokenizerParams(), options=RecordOptions(sampto=360 * 30),
                            records=["102", "201"], progress=False)
     m = read_manifest(out)
-    assert m["format"] == "hlmtune.ecg_tokens" and m["format_version"] == 1 and m["scheme"] == "samples"
+    assert m["format"] == "hlmtune.ecg_tokens" and m["format_version"] == 2 and m["scheme"] == "samples"
     assert set(m) >= {"params", "options", "run_digest", "vocab", "token_dtype", "libraries", "totals", "records", "failed"}
     assert m["options"]["sampto"] == 360 * 30 and m["token_dtype"] == "<u2"
     assert len(m["vocab"]["tokens"]) == m["vocab"]["size"] == m["vocab"]["layout"]["size"]
@@ -60,4 +60,11 @@ def test_manifest_schema_and_checksums(mitdb_dir, tmp_path):
 def test_read_manifest_rejects_other_files(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError, match="not an ECG token manifest"):
+        read_manifest(tmp_path)
+
+
+def test_version_1_shards_name_the_rebuild_command(tmp_path):
+    """Version-1 shards wrote labels into the samples stream: refused, with the command to rebuild."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "hlmtune.ecg_tokens", "format_version": 1}))
+    with pytest.raises(ValueError, match=r"label.*Rebuild them: `hlmtune tokenize --records <WFDB dir> --out "):
         read_manifest(tmp_path)

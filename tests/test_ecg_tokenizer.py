@@ -34,8 +34,10 @@ def test_samples_round_trip_within_half_step(q, levels, window, rr_bins, n, seed
     rr[0] = math.nan
     ids = tk.encode({"labels": labels, "waveforms": w, "rr_s": rr})
     assert len(ids) == 2 + n * tk.tokens_per_beat and max(ids) < tk.vocab_size
+    # a samples beat is signal only: no label token anywhere in the stream
+    assert not any(tk.vocab.label_base <= i < tk.vocab.rr_base for i in ids)
     out = tk.decode(ids)
-    assert out.labels == labels
+    assert out.labels == [] and out.waveforms.shape == (n, window)
     e = quantizer_edges(tk.params)
     lev = np.searchsorted(e[1:-1], w, side="right")
     assert np.all(np.abs(out.waveforms - w) <= (e[lev + 1] - e[lev]) / 2 + 1e-12)
@@ -65,19 +67,19 @@ def test_annotation_round_trip(labels, rr_bins):
 def test_errors_and_text():
     tk = ECGTokenizer()
     with pytest.raises(KeyError, match="unknown ECG token 'q999'"):
-        tk.encode("<sep> N q999")
+        tk.encode("<sep> rr01 q999")
     with pytest.raises(ValueError, match="unknown label 'X'"):
-        tk.encode_beats(["X"], waveforms=np.zeros((1, 128)))
-    with pytest.raises(ValueError, match=r"shape \(1, 128\)"):
-        tk.encode_beats(["N"], waveforms=np.zeros((1, 64)))
+        ECGTokenizer(scheme="annotation").encode_beats(["X"])
+    with pytest.raises(ValueError, match=r"shape \(n_beats, 128\)"):
+        tk.encode_beats(waveforms=np.zeros((1, 64)))
     with pytest.raises(ValueError, match="did you mean 'window'"):
         ECGTokenizer(windw=128)
     assert tk.special_tokens == {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<sep>": 3}
-    assert tk.vocab_size == 4 + 6 + 17 + 256 + 16
-    # a truncated last beat is dropped by decode, rhythm tokens are reported
-    ids = tk.encode({"labels": ["N", "V"], "waveforms": np.zeros((2, 128))}, add_eos=False)[:-5]
-    out = tk.decode(ids + [tk.token_to_id("(AFIB")])
-    assert out.labels == ["N"] and out.waveforms.shape == (1, 128) and out.rhythms == ["(AFIB"]
+    assert tk.vocab_size == 4 + 6 + 17 + 256 + 16 + 4
+    # a truncated last beat is dropped by decode; rhythm tokens and answers are reported
+    ids = tk.encode({"waveforms": np.zeros((2, 128))}, add_eos=False)[:-5]
+    out = tk.decode(ids + [tk.token_to_id("<beat?>"), tk.token_to_id("V"), tk.token_to_id("(AFIB")])
+    assert out.labels == ["V"] and out.waveforms.shape == (1, 128) and out.rhythms == ["(AFIB"]
 
 
 def test_tokenize_messages_and_call():
@@ -107,5 +109,5 @@ def test_from_manifest(tmp_path):
     tokens = np.load(tmp_path / "out" / "records" / "s000.tokens.npy")
     out = tk.decode(tokens)
     beats = np.load(tmp_path / "out" / "records" / "s000.beats.npy")
-    assert len(out.labels) == beats.size and out.waveforms.shape == (beats.size, 128)
+    assert out.labels == [] and out.waveforms.shape == (beats.size, 128) and len(out.rr_bins) == beats.size
     assert np.abs(out.waveforms).max() <= p.amplitude_mv
