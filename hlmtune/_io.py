@@ -2,15 +2,43 @@
 
 Every writer goes to a uniquely named temporary file in the destination's directory (same
 filesystem, so the final ``os.replace`` is atomic), is flushed and fsynced, then renamed over
-the destination; on any error the temporary file is removed.
+the destination; on any error the temporary file is removed. ``mkstemp`` creates its file with
+mode 0600, which the rename would keep: the file gets ``0666 & ~umask`` first, as ``open()``
+would give, so shards and reports shared by a group stay readable by it.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable, IO
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status`` on Linux).
+
+    The portable way (set it, read the old value, set it back) briefly leaves the umask at
+    0 for every thread of the process; it is used only where ``/proc`` lacks the field.
+
+    Returns:
+        int: the umask (e.g. ``0o022``).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    with _UMASK_LOCK:
+        old = os.umask(0o077)
+        os.umask(old)
+    return old
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = True) -> None:
@@ -25,6 +53,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as f:
             write(f)
             f.flush()

@@ -32,3 +32,20 @@ def test_failed_write_keeps_old_file_and_leaves_no_temporary(tmp_path):
         atomic_write(p, boom)
     assert p.read_text() == "old"
     assert [x.name for x in tmp_path.iterdir()] == ["a.txt"]
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_atomic_files_honour_the_umask(tmp_path, umask, mode):
+    """mkstemp creates 0600 files; a shared shard or report must get what open() would give."""
+    import os
+
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        atomic_write_bytes(tmp_path / "a.txt", b"y")  # a replacement gets the umask mode too
+        with open(tmp_path / "plain.txt", "w") as f:  # what a plain open() gives, for comparison
+            f.write("z")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == mode
+    assert (tmp_path / "plain.txt").stat().st_mode & 0o777 == mode
