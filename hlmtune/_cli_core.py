@@ -11,6 +11,8 @@ import textwrap
 from pathlib import Path
 from typing import List, Optional
 
+from hlmtune._proc import LAUNCHER_PID_ENV
+
 _RUN_USAGE = "hlmtune run [TORCHRUN-OPTIONS] <recipe> --config <config> [key=value ...]"
 
 
@@ -217,6 +219,7 @@ def build_run_command(argv: List[str]) -> List[str]:
     from hlmtune.training.schema import validate_config
 
     torchrun_args, recipe_name, rest, ns = split_run_args(argv)
+    _check_process_counts(ns)
     if "--config" not in rest or rest.index("--config") == len(rest) - 1:
         raise ValueError("the --config argument is required: hlmtune run <recipe> --config <config> [key=value ...]")
     i = rest.index("--config") + 1
@@ -236,6 +239,18 @@ def build_run_command(argv: List[str]) -> List[str]:
     return [sys.executable, *target, *rest]
 
 
+def _check_process_counts(ns: argparse.Namespace) -> None:
+    """torchrun asserts on a count below 1 (a bare ``AssertionError`` page): say which flag."""
+    for flag, value in (("--nproc_per_node", ns.nproc_per_node), ("--nnodes", ns.nnodes)):
+        for part in str(value).split(":"):  # --nnodes MIN:MAX
+            try:
+                n = int(part)
+            except ValueError:
+                continue  # auto / cpu / gpu / xpu
+            if n < 1:
+                raise ValueError(f"{flag} {value}: needs at least 1 (e.g. {flag} 2)")
+
+
 def run_command(argv: List[str]) -> int:
     """Validate, then replace this process with the recipe (exit status passes through)."""
     from hlmtune.training.schema import ConfigError
@@ -247,6 +262,8 @@ def run_command(argv: List[str]) -> int:
         return 2
     print("Running: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
     sys.stdout.flush()
+    # The ranks torchrun starts die with it; this pid survives the exec (hlmtune/_proc.py).
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     os.execv(cmd[0], cmd)
     return 0  # not reached
 
@@ -293,7 +310,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             raise ConfigError("missing files:\n  - " + "\n  - ".join(problems))
         n_params = None if args.no_model else build_model_on_meta(cfg.model, cfg.get("dtype", "bf16"))
     except (ConfigError, ValueError) as e:
-        print(f"hlmtune validate: {path}: {e}", file=sys.stderr)
+        msg = str(e) if str(e).startswith(f"{path}:") else f"{path}: {e}"  # YAML errors name the file
+        print(f"hlmtune validate: {msg}", file=sys.stderr)
         return 2
     model = cfg.model.get("_component_", "?")
     if n_params:

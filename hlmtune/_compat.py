@@ -63,10 +63,37 @@ def load_config(config_path: str, overrides: list) -> "DictConfig":
     from omegaconf import OmegaConf
     from torchtune.config._utils import _merge_yaml_and_cli_args
 
-    base = OmegaConf.load(config_path)
+    import yaml
+
+    try:
+        base = OmegaConf.load(config_path)
+    except yaml.YAMLError as e:
+        raise ValueError(yaml_error_line(config_path, e)) from None
     if "config" in base:
         raise ValueError(f"{config_path}: 'config' cannot be a key of a config file")
     return _merge_yaml_and_cli_args(Namespace(**OmegaConf.to_container(base, resolve=False)), list(overrides))
+
+
+def yaml_error_line(path: str, err: Exception) -> str:
+    """One line for a YAML syntax error (PyYAML's own message spans several lines).
+
+    Args:
+        path (str): the file.
+        err (Exception): the ``yaml.YAMLError``.
+
+    Returns:
+        str: ``<path>: YAML syntax error at line L, column C: <problem>; fix the file``.
+    """
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark, ctx = getattr(err, "problem_mark", None), getattr(err, "context_mark", None)
+    where = f" at {at(mark)}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    if context and ctx is not None:
+        problem += f" ({context} at {at(ctx)})"
+    return f"{path}: YAML syntax error{where}: {problem}; fix the file"
 
 
 def builtin_recipes():

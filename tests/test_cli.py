@@ -112,3 +112,25 @@ def test_demo_without_data_is_a_clear_error(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("HLM_DATA", raising=False)
     assert main(["demo", "--out", str(tmp_path)]) == 2
     assert "HLM_DATA" in capsys.readouterr().err
+
+
+def test_run_rejects_process_counts_below_one(capsys, monkeypatch):
+    """torchrun itself asserts (a bare AssertionError page); the flag is named before launch."""
+    import os
+
+    monkeypatch.setattr(os, "execv", lambda *a: (_ for _ in ()).throw(AssertionError(f"launched {a}")))
+    for flags in (["--nproc_per_node", "0"], ["--nnodes", "0:2", "--nproc_per_node", "2"]):
+        assert main(["run", *flags, "lora_finetune_distributed", "--config", "tiny_lora"]) == 2
+        err = capsys.readouterr().err
+        assert f"{flags[0]} {flags[1]}: needs at least 1" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_yaml_syntax_error_is_one_line_naming_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_size: 2\nmodel: [1, 2\nseed: 3\n")
+    for cmd in (["run", "lora_finetune_distributed"], ["validate", "lora_finetune_distributed"]):
+        proc = subprocess.run([HLMTUNE, *cmd, "--config", str(bad)], capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert f"{bad}: YAML syntax error at line 3" in proc.stderr and "flow sequence at line 2" in proc.stderr and "fix the file" in proc.stderr

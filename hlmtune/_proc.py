@@ -1,0 +1,55 @@
+"""Child processes that die with their parent (Linux parent-death signal).
+
+torchrun starts every rank in a new session (``start_new_session=True``), so a scheduler or a
+closed terminal that kills the launcher's process group (``kill -9 -- -PGID``) does not reach
+the ranks: they would train on, orphaned, and write into an ``output_dir`` a rerun uses. The
+same holds for ``hlmtune tokenize``'s forked workers. ``prctl(PR_SET_PDEATHSIG)`` asks the
+kernel to signal a process when the thread that created it exits, whatever killed it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Optional
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+LAUNCHER_PID_ENV = "HLMTUNE_LAUNCHER_PID"  # pid of the process that starts the ranks (torchrun)
+
+
+def die_with_parent(sig: int = signal.SIGKILL, expected_parent: Optional[int] = None) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent exits.
+
+    The parent may already be gone when this runs (the process was then re-parented to init
+    or a subreaper): this is detected and ``sig`` is sent at once.
+
+    Args:
+        sig (int): signal to receive (SIGKILL: a rank blocked in a collective still dies).
+        expected_parent (Optional[int]): the parent's pid when known (the pid before fork);
+            without it, a parent pid of 1 means the parent is gone.
+
+    Returns:
+        bool: True when the signal is armed (Linux), False where prctl is unavailable.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    ppid = os.getppid()
+    if ppid == 1 or (expected_parent is not None and ppid != expected_parent):
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def launcher_pid() -> Optional[int]:
+    """The launcher's pid that ``hlmtune run`` exported (None when started otherwise)."""
+    try:
+        return int(os.environ[LAUNCHER_PID_ENV])
+    except (KeyError, ValueError):
+        return None
