@@ -1,9 +1,13 @@
 """``hlmtune collect``: many runs -> one scaling table (CSV + Markdown), problems, plots.
 
 Rows are grouped by ``method, model, dataset, template, dtype, pin_memory, num_workers,
-nodes, devices`` (repeated runs of one row are averaged; ``n_runs`` says how many). Each row
-is compared with the 1-device row of its *baseline group* (the same key without ``nodes``
-and ``devices``), with the ECG paper's equations:
+batch_size, gradient_accumulation_steps, max_seq_len, nodes, devices`` (repeated runs of one
+row are averaged; ``n_runs`` says how many; ``batch_size`` is per device, ``max_seq_len`` the
+tokenizer's). Each row is compared with a 1-device row of its *baseline group* (the same
+``method ... num_workers`` and ``max_seq_len``): the one with the same global batch
+(``batch_size x gradient_accumulation_steps x devices``, strong scaling), else the one with the
+same per-device batch and accumulation (the papers' runs: every device keeps its batch and
+the epoch is split), with the ECG paper's equations:
 
 - ``speedup = T1 / TN``, ``efficiency = speedup / N``, ``overhead_s = TN - T1 / N``;
 - **T is ``total_time_s``**: the training-loop time of the run (sum of the wall times of its
@@ -36,8 +40,17 @@ from hlmtune.profiling.runs import (
     load_run,
 )
 
-GROUP_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers", "nodes", "devices")
-BASELINE_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers")
+BATCH_KEYS = ("batch_size", "gradient_accumulation_steps", "max_seq_len")
+GROUP_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers", *BATCH_KEYS, "nodes", "devices")
+BASELINE_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers", "max_seq_len")
+# Peak memory, two questions (see hlmtune.profiling.memory): the largest per-step peak
+# ("over steps": setup and export excluded) and the process peak since start. Table column ->
+# key in the step records.
+MEMORY_COLUMNS = {
+    f"peak_{what}_{scope}_gib": (f"peak_{what}_gib" if scope == "over_steps" else f"peak_{what}_since_start_gib")
+    for what in ("memory_alloc", "memory_reserved", "memory_active", "rss")
+    for scope in ("over_steps", "since_start")
+}
 VALUE_KEYS = (
     "steps",
     "iteration_time_s_mean",
@@ -47,10 +60,7 @@ VALUE_KEYS = (
     "tokens_total",
     "tokens_per_second",
     "tokens_per_second_per_gpu",
-    "peak_memory_alloc_gib",
-    "peak_memory_reserved_gib",
-    "peak_memory_active_gib",
-    "peak_rss_gib",
+    *MEMORY_COLUMNS,
 )
 SCALING_KEYS = ("speedup", "efficiency", "overhead_s", "speedup_tput", "efficiency_tput", "baseline")
 T_DEFINITION = (
@@ -65,6 +75,26 @@ T_DEFINITION = (
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     vals = [x for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
     return sum(vals) / len(vals) if vals else None
+
+
+def _max_over_records(steps: List[Dict[str, Any]], key: str) -> Optional[float]:
+    vals = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    return max(vals) if vals else None
+
+
+def _max_seq_len(meta: Dict[str, Any]) -> Optional[int]:
+    """The run's sequence length: ``max_seq_len`` from the run info, else the tokenizer's in the config."""
+    if meta.get("max_seq_len") is not None:
+        return meta["max_seq_len"]
+    tok = (meta.get("config") or {}).get("tokenizer")
+    return tok.get("max_seq_len") if isinstance(tok, dict) else None
+
+
+def _global_batch(row: Dict[str, Any]) -> Optional[int]:
+    vals = [row.get(k) for k in ("batch_size", "gradient_accumulation_steps", "devices")]
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return vals[0] * vals[1] * vals[2]
+    return None
 
 
 def _run_work(run: Dict[str, Any], summary: Dict[str, Any]) -> Tuple[Optional[float], Optional[str]]:
@@ -146,6 +176,7 @@ def build_table(
         if absent:
             problems.append({"path": r["dir"], "reason": f"metadata incomplete: {', '.join(absent)} unknown (grouped as '?')"})
         key_vals = {k: meta.get(k) for k in GROUP_KEYS if k != "devices"}
+        key_vals["max_seq_len"] = _max_seq_len(meta)
         key_vals["devices"] = meta.get("world_size")
         # Unknown values group as "?"; a run without a prompt template has template "none".
         key = tuple(("none" if k == "template" else "?") if key_vals[k] is None else key_vals[k] for k in GROUP_KEYS)
@@ -157,7 +188,10 @@ def build_table(
         row["n_runs"] = len(members)
         row["status"] = "complete" if all(m["summary"].get("complete") for m in members) else "partial"
         for k in VALUE_KEYS:
-            row[k] = _mean([m["summary"].get(k) for m in members])
+            if k in MEMORY_COLUMNS:  # from the step records: the summary knows one name per peak
+                row[k] = _mean([_max_over_records(m["steps"], MEMORY_COLUMNS[k]) for m in members])
+            else:
+                row[k] = _mean([m["summary"].get(k) for m in members])
         works = [_run_work(m["run"], m["summary"]) for m in members]
         row["_work"] = _mean([w for w, _ in works])
         kinds = {kind for _, kind in works if kind}
@@ -176,18 +210,27 @@ def build_table(
     for row in rows:
         groups.setdefault(tuple(row[k] for k in BASELINE_KEYS), []).append(row)
     for gkey, grows in groups.items():
-        base = [r for r in grows if r["devices"] == 1 and r["status"] == "complete"]
+        ones = [r for r in grows if r["devices"] == 1 and r["status"] == "complete"]
         label = ", ".join(f"{k}={v}" for k, v in zip(BASELINE_KEYS, gkey))
-        if not base:
+        if not ones:
             for r in grows:
                 r["baseline"] = "none: no complete 1-device run in this group"
             if any(r["devices"] != 1 for r in grows):
                 problems.append({"path": label, "reason": "no 1-device baseline: speedup/efficiency/overhead not computed"})
             continue
-        b = base[0]
         for r in grows:
             n = r["devices"]
-            r["baseline"] = "self" if r is b else f"1-device row ({b['n_runs']} run(s))"
+            same_global = [b for b in ones if _global_batch(b) is not None and _global_batch(b) == _global_batch(r)]
+            same_local = [b for b in ones if all(b[k] == r[k] for k in ("batch_size", "gradient_accumulation_steps"))]
+            b = r if any(r is o for o in ones) else (same_global or same_local or [None])[0]
+            if b is None:
+                r["baseline"] = "none: no 1-device run with the same global or per-device batch"
+                problems.append({"path": r["run_dirs"], "reason": (
+                    f"no 1-device baseline with global batch {_global_batch(r)} or per-device batch "
+                    f"{r['batch_size']} x accumulation {r['gradient_accumulation_steps']} in group {label}")})
+                continue
+            kind = "same global batch" if any(b is g for g in same_global) else "same per-device batch"
+            r["baseline"] = "self" if r is b else f"1-device row, {kind} ({b['n_runs']} run(s))"
             if r["status"] != "complete" or not isinstance(n, int):
                 continue
             if b["tokens_per_second"] and r["tokens_per_second"] is not None:
@@ -213,7 +256,7 @@ def build_table(
                 r["speedup"] = t1 / tn
                 r["efficiency"] = r["speedup"] / n
                 r["overhead_s"] = tn - t1 / n
-    rows.sort(key=lambda r: tuple(str(r[k]) for k in BASELINE_KEYS) + (r["nodes"] if isinstance(r["nodes"], int) else 0, r["devices"] if isinstance(r["devices"], int) else 0))
+    rows.sort(key=lambda r: tuple(str(r[k]) for k in BASELINE_KEYS + BATCH_KEYS) + (r["nodes"] if isinstance(r["nodes"], int) else 0, r["devices"] if isinstance(r["devices"], int) else 0))
     return rows
 
 

@@ -45,7 +45,8 @@ def make_run(
         payload = {
             "loss": 5.0 - 0.01 * i, "lr": 1e-4, "tokens": tokens_per_step, "tokens_per_second": tokens_per_step / t,
             "tokens_per_second_per_gpu": tokens_per_step / t / world_size, "iteration_time_s": t, "data_time_s": 0.1 * t,
-            "peak_rss_gib": rss_gib + 0.01 * world_size,
+            "peak_rss_gib": rss_gib + 0.01 * world_size - 0.001 * i,  # this step's peak
+            "peak_rss_since_start_gib": rss_gib + 0.5,  # setup's peak is the larger one
         }
         for r in range(world_size):
             payload[f"peak_rss_gib_rank{r}"] = rss_gib + 0.01 * r
@@ -100,7 +101,9 @@ def test_speedup_efficiency_overhead_match_formulas_from_raw_steps(scaling_runs:
     # Mean iteration time excludes the warmup step.
     recs = [json.loads(l) for l in (scaling_runs / "n1" / "metrics" / "steps.jsonl").read_text().splitlines()]
     assert float(rows[1]["iteration_time_s_mean"]) == pytest.approx(sum(r["iteration_time_s"] for r in recs[1:]) / 11)
-    assert float(rows[2]["peak_rss_gib"]) == pytest.approx(1.02)
+    # Peak over steps = the largest step peak (step 1's); since start = the process peak.
+    assert float(rows[2]["peak_rss_over_steps_gib"]) == pytest.approx(1.02 - 0.001)
+    assert float(rows[2]["peak_rss_since_start_gib"]) == pytest.approx(1.5)
     assert res["problems"] == []
     md = (out / "table.md").read_text()
     assert T_DEFINITION in md and "| speedup | efficiency | overhead_s |" in md
@@ -171,6 +174,28 @@ def test_repeated_runs_are_averaged(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (row,) = res["rows"]
     assert row["n_runs"] == 2
     assert row["total_time_s"] == pytest.approx((0.4 * 5 + 0.6 * 5) / 2)
+
+
+def test_batch_accumulation_and_sequence_length_are_group_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that differ in batch size, accumulation or sequence length are never averaged, and a
+    2-device run is compared with the 1-device run of the same global batch (strong scaling)."""
+    variants = {"b2": {"batch_size": 2}, "b4": {"batch_size": 4}, "ga2": {"batch_size": 2, "gradient_accumulation_steps": 2},
+                "s512": {"batch_size": 2, "max_seq_len": 512}}
+    for name, info in variants.items():
+        make_run(tmp_path / "r" / name, monkeypatch, world_size=1, step_times=[0.5 + 0.1 * len(name)] * 4,
+                 tokens_per_step=100, extra_info={"max_seq_len": 256, **info})
+    make_run(tmp_path / "r" / "n2", monkeypatch, world_size=2, step_times=[0.3] * 4, tokens_per_step=100,
+             extra_info={"batch_size": 2, "max_seq_len": 256})
+    res = collect([tmp_path / "r"], tmp_path / "o", plots=False)
+    ones = {(r["batch_size"], r["gradient_accumulation_steps"], r["max_seq_len"]): r for r in res["rows"] if r["devices"] == 1}
+    assert set(ones) == {(2, 1, 256), (4, 1, 256), (2, 2, 256), (2, 1, 512)}
+    assert all(r["n_runs"] == 1 for r in res["rows"])
+    (two,) = [r for r in res["rows"] if r["devices"] == 2]
+    # global batch 2 x 1 x 2 = 4: the 1-device batch-4 run (same tokens), not the batch-2 one.
+    assert two["baseline"].startswith("1-device row, same global batch")
+    assert two["speedup"] == pytest.approx(ones[(4, 1, 256)]["total_time_s"] / two["total_time_s"])
+    cols = (tmp_path / "o" / "table.csv").read_text().splitlines()[0].split(",")
+    assert {"batch_size", "gradient_accumulation_steps", "max_seq_len"} <= set(cols)
 
 
 def test_corrupt_middle_line_is_unreadable_with_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
