@@ -15,7 +15,7 @@ Files (see ``hlmtune.profiling.runs`` and docs/profiling.md for every key):
 ``<log_dir>/run.json``, ``<log_dir>/steps.jsonl``, ``<log_dir>/summary.json``.
 
 Only the process with ``RANK`` 0 (or no ``RANK``) writes files; other ranks only forward.
-Per step it costs a ``getrusage`` call, one ``json.dumps`` and one buffered write + flush
+Per step it costs a read of ``/proc/self/status`` (when the recipe logs no memory peaks), one ``json.dumps`` and one buffered write + flush
 (no fsync, no CUDA synchronisation): see ``benchmarks/collector_overhead.py``.
 """
 
@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import re
-import resource
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from hlmtune.profiling.memory import CPU_NAMES, CUDA_NAMES, PeakMemory, since_start_name
 from hlmtune.profiling.runs import (
     API_SUMMARY_FILE,
     RUN_FILE,
@@ -47,25 +47,15 @@ from hlmtune.profiling.runs import (
     summarize_steps,
 )
 
-_GIB = 1024**3
-# ru_maxrss is KiB on Linux (getrusage(2)), bytes on macOS.
-_RSS_UNIT = 1 if sys.platform == "darwin" else 1024
-
 # torchtune's built-in recipes log get_memory_stats() keys (GiB) without the unit suffix.
+# torchtune 0.6.1's get_memory_stats resets the CUDA peaks each time it is called
+# (reset_stats=True, torchtune/training/memory.py), so these are peaks since the previous log.
 _BUILTIN_MEMORY_KEYS = {
     "peak_memory_alloc": "peak_memory_alloc_gib",
     "peak_memory_reserved": "peak_memory_reserved_gib",
     "peak_memory_active": "peak_memory_active_gib",
 }
-_RANK_KEY = re.compile(r"^(peak_(?:memory_(?:alloc|reserved|active)|rss)_gib)_rank\d+$")
-
-# Keys written by the collector itself in each step record (everything else is the
-# recipe's payload, normalised to plain floats).
-_RUN_INFO_KEYS = (
-    "recipe", "method", "model", "dataset", "template", "world_size", "nodes", "device",
-    "device_name", "dtype", "pin_memory", "num_workers", "batch_size",
-    "gradient_accumulation_steps", "data_parallel",
-)
+_RANK_KEY = re.compile(r"^(peak_(?:memory_(?:alloc|reserved|active)|rss)(?:_since_start)?_gib)_rank\d+$")
 
 
 def _now() -> float:
@@ -142,11 +132,11 @@ def _default_run_name(log_dir: Path) -> str:
 
 
 def infer_method(recipe: Optional[str], model: Optional[str]) -> Optional[str]:
-    """Fine-tuning method from the recipe and model names.
+    """Fine-tuning method from the recipe and model names (the recipes' specs decide).
 
-    ``lora_finetune_*`` -> ``lora`` (``qlora`` when the model builder is a ``qlora_*``),
-    ``full_finetune_*`` -> ``full``, ``lora_dpo_*`` -> ``lora_dpo``, ``full_dpo_*`` -> ``dpo``,
-    ``qat_*`` -> ``qat`` (``qat_lora`` for ``qat_lora_*``), ``knowledge_distillation_*`` -> ``kd``.
+    See ``hlmtune.training.spec.method_for``: pack recipes by their ``RecipeSpec``,
+    torchtune's others by the family they share with one (``lora_finetune_single_device``
+    -> ``lora``, ``qlora`` with a ``qlora_*`` model), ``knowledge_distillation_*`` -> ``kd``.
 
     Args:
         recipe (Optional[str]): recipe name.
@@ -155,20 +145,9 @@ def infer_method(recipe: Optional[str], model: Optional[str]) -> Optional[str]:
     Returns:
         Optional[str]: the method, or the recipe name when no rule matches.
     """
-    if not recipe:
-        return None
-    r = recipe.lower()
-    m = (model or "").lower()
-    rules = (
-        ("lora_dpo", "lora_dpo"), ("full_dpo", "dpo"), ("qat_lora", "qat_lora"), ("qat", "qat"),
-        ("knowledge_distillation", "kd"), ("lora_finetune", "lora"), ("full_finetune", "full"),
-    )
-    for prefix, method in rules:
-        if r.startswith(prefix):
-            if method in ("lora", "lora_dpo") and m.startswith("qlora"):
-                return "q" + method
-            return method
-    return recipe
+    from hlmtune.training.spec import method_for
+
+    return method_for(recipe, model)
 
 
 def overrides_from_argv(argv: List[str]) -> List[str]:
@@ -209,7 +188,8 @@ class CollectorLogger:
             iteration time, peak RSS...) to the wrapped logger. Default False: the wrapped
             logger sees exactly the recipe's payload.
         reset_cuda_peak (bool): when the collector measures CUDA peaks itself (the recipe did
-            not log them), reset them after reading so each step's peak is its own. Default True.
+            not log them), reset them after reading so each step's peak is its own. Default
+            True; False leaves torch's counters alone and records only the since-start peaks.
     """
 
     def __init__(
@@ -248,6 +228,9 @@ class CollectorLogger:
             k: v for k, v in {"method": method, "model": model, "dataset": dataset, "template": template}.items() if v
         }
         self._meta: Dict[str, Any] = {}
+        # Own peak readings, made only when the recipe logs none (one process-wide counter:
+        # never reset it under a recipe that reads it itself).
+        self._trackers: Dict[str, PeakMemory] = {}
         if self._active:
             self._open(run_name)
 
@@ -382,8 +365,8 @@ class CollectorLogger:
             "dtype": get("dtype"),
             "batch_size": get("batch_size"),
             "gradient_accumulation_steps": get("gradient_accumulation_steps"),
-            "pin_memory": get("pin_memory") if get("pin_memory") is not None else get("dataloader", "pin_memory"),
-            "num_workers": get("num_workers") if get("num_workers") is not None else get("dataloader", "num_workers"),
+            "pin_memory": get("pin_memory") if get("pin_memory") is not None else get("data_loader", "pin_memory"),
+            "num_workers": get("num_workers") if get("num_workers") is not None else get("data_loader", "num_workers"),
         }
         for k, v in fill.items():
             if info.get(k) is None and v is not None and k not in self._explicit:
@@ -525,28 +508,42 @@ class CollectorLogger:
         return rec
 
     def _measure_memory(self, rec: Dict[str, Any]) -> None:
+        """Fill in the peaks the recipe did not log (built-in recipes), on this rank only.
+
+        The collector's own readings are peaks between two ``log_dict`` calls (counters reset
+        after each reading) and since process start (:class:`hlmtune.profiling.memory.PeakMemory`).
+        The first record's interval began when the logger was built, inside the recipe's
+        setup, so it carries only the since-start value: "peak over steps" excludes setup.
+        """
         r = self._rank
-        has_rank_keys = any(_RANK_KEY.match(k) for k in rec)
-        # CUDA: the recipe's values if it logged them, else our own reading.
+        recipe_ranks = {int(m.group(0).rsplit("_rank", 1)[1]) for m in map(_RANK_KEY.match, rec) if m}
         torch = sys.modules.get("torch")
-        cuda_keys = ("peak_memory_alloc_gib", "peak_memory_reserved_gib", "peak_memory_active_gib")
-        if not any(k in rec for k in cuda_keys) and torch is not None and torch.cuda.is_initialized():
-            rec["peak_memory_alloc_gib"] = torch.cuda.max_memory_allocated() / _GIB
-            rec["peak_memory_reserved_gib"] = torch.cuda.max_memory_reserved() / _GIB
-            rec["peak_memory_active_gib"] = torch.cuda.memory_stats().get("active_bytes.all.peak", 0) / _GIB
-            rec["memory_source"] = "collector"
-            if self._reset_cuda_peak:
-                torch.cuda.reset_peak_memory_stats()
-        if not has_rank_keys:
-            for k in cuda_keys:
-                if k in rec:
-                    rec[f"{k}_rank{r}"] = rec[k]
-        # CPU: process peak RSS since start (KiB on Linux).
-        if "peak_rss_gib" not in rec:
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / _GIB
-            rec["peak_rss_gib"] = rss
-            if not any(k.startswith("peak_rss_gib_rank") for k in rec):
-                rec[f"peak_rss_gib_rank{r}"] = rss
+        first = self._prev_step is None
+        if not any(k in rec for k in CUDA_NAMES) and torch is not None and torch.cuda.is_initialized():
+            self._own_reading(rec, "cuda", first, reset=self._reset_cuda_peak)
+        if not any(k in rec for k in CPU_NAMES) and not any(since_start_name(k) in rec for k in CPU_NAMES):
+            self._own_reading(rec, "cpu", first, reset=True)
+        for name in (*CUDA_NAMES, *CPU_NAMES):
+            for key in (name, since_start_name(name)):
+                if key in rec and not any(k.startswith(key + "_rank") for k in rec):
+                    rec[f"{key}_rank{r}"] = rec[key]
+        # How many ranks the peaks cover: a pack recipe gathers every rank; otherwise (torchtune's
+        # built-in recipes build the metric logger on rank 0 only) this rank alone.
+        rec["memory_ranks"] = len(recipe_ranks) if recipe_ranks else 1
+
+    def _own_reading(self, rec: Dict[str, Any], kind: str, first: bool, *, reset: bool) -> None:
+        tracker = self._trackers.get(kind)
+        if tracker is None:
+            tracker = self._trackers[kind] = PeakMemory(kind)
+        values = tracker.end_step()
+        if reset:
+            tracker.begin_step()
+        for name in tracker.names:
+            rec[since_start_name(name)] = values[since_start_name(name)]
+            # Without a reset (or before the first one) a reading is not one interval's peak.
+            if not first and reset and (kind == "cuda" or tracker.per_step):
+                rec[name] = values[name]
+        rec[f"memory_source_{kind}"] = "collector"
 
     # ---------------------------------------------------------------- close
     def summary(self) -> Dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -185,6 +186,75 @@ def test_killed_run_reads_as_partial_and_rerun_supersedes(tmp_path: Path) -> Non
     assert len(_steps(d)) == 1 and load_run(d)["summary"]["complete"] is True
 
 
+def test_timing_and_tokens_per_second_against_the_wall_clock(tmp_path: Path) -> None:
+    """Real clock, as under a built-in recipe: steps of known length and known token counts,
+    timed by this test around the loop, never through the collector's own clock function."""
+    import time
+
+    sleeps = [0.03, 0.08, 0.02, 0.05, 0.04]
+    tokens = [300, 120, 50, 400, 10]
+    log = CollectorLogger(log_dir=str(tmp_path / "m"), warmup_steps=0)
+    returned = []  # test's clock when each log_dict call returned
+    for step, (d, n) in enumerate(zip(sleeps, tokens), start=1):
+        t0 = time.perf_counter()
+        time.sleep(d)  # the step's work
+        recipe_t = time.perf_counter() - t0  # the recipe's own step timer (torchtune style)
+        log.log_dict({"loss": 1.0, "tokens_per_second_per_gpu": n / recipe_t}, step=step)
+        returned.append(time.perf_counter())
+    log.close()
+    recs = _steps(tmp_path / "m")
+    timed = recs[1:]  # the first call has nothing to time against
+    # Each gap holds its step's sleep and little else.
+    for r, d in zip(timed, sleeps[1:]):
+        assert d <= r["iteration_time_s"] < d + 0.02, (r["iteration_time_s"], d)
+    # The gaps add up to the wall time between the first and the last call, measured here.
+    wall = returned[-1] - returned[0]
+    assert sum(r["iteration_time_s"] for r in timed) == pytest.approx(wall, abs=0.005)
+    # tokens/s: the tokens of each step over a time no longer than the collector's gap.
+    for r, n in zip(timed, tokens[1:]):
+        assert n / r["tokens_per_second"] <= r["iteration_time_s"]
+        assert n / r["tokens_per_second"] > 0.7 * r["iteration_time_s"]
+    s = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert s["total_time_s"] >= wall
+
+
+def test_own_memory_readings_step_vs_since_start_on_rank_0(tmp_path: Path) -> None:
+    """A recipe that logs no memory (a built-in recipe on CPU): the collector's per-interval
+    peak excludes what happened before the first step, the since-start peak includes it."""
+    from hlmtune.profiling.memory import PeakMemory
+
+    if not PeakMemory("cpu").per_step:
+        pytest.skip("this system does not let a process reset its RSS high-water mark (/proc/self/clear_refs)")
+    log = CollectorLogger(log_dir=str(tmp_path / "m"))
+    setup = np.ones(300 * 2**20 // 8)  # "model load"
+    del setup
+    log.log_dict({"loss": 1.0}, step=1)
+    step = np.ones(60 * 2**20 // 8)
+    del step
+    log.log_dict({"loss": 1.0}, step=2)
+    log.log_dict({"loss": 1.0}, step=3)
+    log.close()
+    r1, r2, r3 = _steps(tmp_path / "m")
+    # First record: its interval began inside setup, so only the since-start value.
+    assert "peak_rss_gib" not in r1 and r1["peak_rss_since_start_gib"] > 0.25
+    assert r2["peak_rss_gib"] - r3["peak_rss_gib"] > 40 / 1024  # step 2 saw its 60 MiB, step 3 did not
+    assert r1["peak_rss_since_start_gib"] - r2["peak_rss_gib"] > 150 / 1024  # setup's peak is not a step's
+    assert r3["peak_rss_since_start_gib"] >= r1["peak_rss_since_start_gib"]
+    assert r3["peak_rss_gib_rank0"] == r3["peak_rss_gib"] and r3["memory_ranks"] == 1
+    assert r3["memory_source_cpu"] == "collector"
+
+
+def test_pack_recipe_memory_is_kept_and_covers_its_ranks(tmp_path: Path) -> None:
+    log = CollectorLogger(log_dir=str(tmp_path / "m"))
+    log.log_dict({"peak_rss_gib": 2.0, "peak_rss_since_start_gib": 3.0, "peak_rss_gib_rank0": 2.0,
+                  "peak_rss_gib_rank1": 1.5, "peak_rss_since_start_gib_rank0": 3.0,
+                  "peak_rss_since_start_gib_rank1": 2.5}, step=1)
+    log.close()
+    (r,) = _steps(tmp_path / "m")
+    assert (r["peak_rss_gib"], r["peak_rss_since_start_gib"], r["memory_ranks"]) == (2.0, 3.0, 2)
+    assert "memory_source_cpu" not in r  # the collector measured nothing itself
+
+
 def test_helpers() -> None:
     assert infer_method("lora_finetune_distributed", "lora_llama3_8b") == "lora"
     assert infer_method("lora_finetune_single_device", "qlora_llama3_8b") == "qlora"
@@ -271,6 +341,26 @@ profiler:
     return path
 
 
+def _builtin_step_tokens(cfg_path: Path, *, batch_size: int, steps: int) -> List[int]:
+    """Label tokens (not ignore_index) of each optimizer step's batch under torchtune's
+    ``lora_finetune_single_device``: its sampler order, its dataset, its token rule."""
+    import yaml
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+    from torchtune.datasets import alpaca_dataset
+    from torchtune.models.llama3 import llama3_tokenizer
+
+    cfg = yaml.safe_load(cfg_path.read_text())
+    t = cfg["tokenizer"]
+    tok = llama3_tokenizer(path=t["path"], special_tokens_path=t["special_tokens_path"], max_seq_len=t["max_seq_len"])
+    d = cfg["dataset"]
+    ds = alpaca_dataset(tok, source=d["source"], data_files=d["data_files"], split=d["split"], packed=False)
+    sampler = StatefulDistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+    sampler.set_epoch(0)
+    order = list(sampler)
+    return [sum(sum(1 for lab in ds[i]["labels"] if lab != -100) for i in order[k * batch_size:(k + 1) * batch_size])
+            for k in range(steps)]
+
+
 @pytest.mark.slow
 def test_collector_under_torchtune_builtin_recipe(tmp_path: Path, text_data_dir: Path) -> None:
     """`tune run lora_finetune_single_device` with the collector set from the command line."""
@@ -285,19 +375,29 @@ def test_collector_under_torchtune_builtin_recipe(tmp_path: Path, text_data_dir:
         "metric_logger.warmup_steps=1",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    t_wall = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    t_wall = time.perf_counter() - t_wall  # wall time around the whole run, measured here
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = tmp_path / "out" / "metrics"
     recs = _steps(m)
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     for r in recs:
-        assert {"loss", "lr", "tokens_per_second_per_gpu", "tokens_per_second", "peak_rss_gib", "peak_rss_gib_rank0"} <= set(r)
-        assert 0.05 < r["peak_rss_gib"] < 64
-    # Wall iteration time = gap between consecutive log_dict calls (1 step each).
-    for a, b in zip(recs, recs[1:]):
-        assert b["iteration_time_s"] == pytest.approx(b["elapsed_s"] - a["elapsed_s"], rel=1e-6)
-        # the recipe's own step timer runs inside our gap: its tokens/s can only be higher
-        assert b["iteration_time_s"] > 0
+        assert {"loss", "lr", "tokens_per_second_per_gpu", "tokens_per_second", "peak_rss_since_start_gib",
+                "peak_rss_since_start_gib_rank0"} <= set(r)
+        assert 0.05 < r["peak_rss_since_start_gib"] < 64 and r["memory_ranks"] == 1  # rank 0 only
+    assert all(0 < r["peak_rss_gib"] <= r["peak_rss_since_start_gib"] for r in recs[1:])
+    # Independent count: the tokens of each step's batch, rebuilt from the recipe's sampler
+    # (torchtune's: StatefulDistributedSampler, seed 0, 1 replica) and the same dataset.
+    tokens = _builtin_step_tokens(cfg, batch_size=2, steps=4)
+    timed = recs[1:]  # the first record has nothing to time against
+    for r, n in zip(timed, tokens[1:]):
+        # The recipe's own step timer runs inside the collector's gap between two log_dict calls:
+        # tokens / tokens_per_second (the recipe's time) <= iteration_time_s, and close to it.
+        assert n / r["tokens_per_second"] <= r["iteration_time_s"] * (1 + 1e-9)
+        assert n / r["tokens_per_second"] > 0.6 * r["iteration_time_s"], (n, r)
+    assert sum(r["iteration_time_s"] for r in timed) < t_wall
+    assert recs[-1]["elapsed_s"] < t_wall
     run = json.loads((m / "run.json").read_text())
     assert run["status"] == "closed" and run["recipe"] == "lora_finetune_single_device"
     assert (run["method"], run["model"], run["dataset"]) == ("lora", "lora_llama3", "alpaca_dataset")
