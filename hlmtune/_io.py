@@ -82,3 +82,51 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     import torch
 
     atomic_write(path, lambda f: torch.save(obj, f))
+
+
+class OutputPathError(ValueError):
+    """An output location that cannot be a directory (a file is in the way, or no permission)."""
+
+
+def check_dir_path(path: str | os.PathLike, what: str) -> Path:
+    """Check, without creating anything, that ``path`` is or can become a directory.
+
+    Args:
+        path (str | os.PathLike): the directory.
+        what (str): how the user named it, for the message (``--out``, ``output_dir``).
+
+    Returns:
+        Path: the directory path.
+
+    Raises:
+        OutputPathError: ``path`` or one of its parents is a file.
+    """
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            where = "is a file" if p == path else f"cannot be created: {p} is a file"
+            raise OutputPathError(f"{what} {path}: {where}, not a directory; give a directory path (new or existing)")
+        if p.exists():
+            break
+    return path
+
+
+def ensure_dir(path: str | os.PathLike, what: str) -> Path:
+    """Create the output directory ``path`` (and parents), or say in one line why it cannot be.
+
+    Args:
+        path (str | os.PathLike): the directory.
+        what (str): how the user named it, for the message (``--out``, ``output_dir``).
+
+    Returns:
+        Path: the directory.
+
+    Raises:
+        OutputPathError: ``path`` or one of its parents is a file, or it cannot be created.
+    """
+    path = check_dir_path(path, what)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputPathError(f"{what} {path}: cannot be created ({e.strerror}); give a directory you can write") from None
+    return path

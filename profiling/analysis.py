@@ -156,8 +156,9 @@ def build_table(
     for r in runs:
         meta, s = r["run"], r["summary"]
         for note in r["notes"]:
-            if "truncated" in note:
-                problems.append({"path": r["dir"], "reason": f"partial: {note}"})
+            if "truncated" in note or "corrupt line" in note:  # a steps.jsonl line lost (runs.read_steps)
+                kind = "lines lost" if s.get("complete") else "partial"
+                problems.append({"path": r["dir"], "reason": f"{kind}: {note}"})
         if not s.get("complete"):
             reason = (
                 f"partial: no summary.json (killed or still running); {s.get('steps', 0)} steps logged, "
@@ -368,7 +369,26 @@ def collect(
 
 
 def main_collect(args: Any) -> int:
-    """``hlmtune collect`` entry point (see ``profiling/cli.py``)."""
+    """``hlmtune collect`` entry point (see ``profiling/cli.py``).
+
+    Returns:
+        int: 0; 1 when some run could not be read at all (the others are tabled); 2 when
+        there is nothing to table (no run directory: nothing is written) or ``--out`` is a file.
+    """
+    from hlmtune._io import OutputPathError, check_dir_path
+
+    try:
+        check_dir_path(args.out, "--out")
+    except OutputPathError as e:
+        print(f"hlmtune collect: error: {e}", file=sys.stderr)
+        return 2
+    dirs, problems = find_run_dirs(args.run_dirs)
+    if not dirs:
+        for p in problems:
+            print(f"problem: {p['path']}: {p['reason']}", file=sys.stderr)
+        print(f"hlmtune collect: error: no run directory found (folders with run.json or steps.jsonl); "
+              f"nothing written to {args.out}", file=sys.stderr)
+        return 2
     res = collect(
         args.run_dirs,
         args.out,
@@ -386,4 +406,8 @@ def main_collect(args: Any) -> int:
     if not rows:
         print("error: no usable run (see problems above)", file=sys.stderr)
         return 2
+    lost = [p for p in problems if p["reason"].startswith("unreadable")]
+    if lost:
+        print(f"error: {len(lost)} run(s) lost: unreadable (see problems above); the table holds the others", file=sys.stderr)
+        return 1
     return 0

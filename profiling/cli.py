@@ -61,7 +61,8 @@ def register(subparsers: Any) -> None:
             "Read run directories written by hlmtune.profiling.collector.CollectorLogger and write "
             "table.csv, table.md, problems.md/json, api_table.* (when profiles exist) and PNG plots. "
             "speedup = T1/TN, efficiency = speedup/N, overhead = TN - T1/N with T = total_time_s "
-            "(training-loop time of the run; same work required). Exit status 2 when no run is usable."
+            "(training-loop time of the run; same work required). Exit status 1 when a run is lost (unreadable run.json/summary.json; "
+            "the others are tabled), 2 when no run is usable; nothing is written when no run directory is found."
         ),
         formatter_class=fmt,
     )

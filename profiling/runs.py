@@ -6,7 +6,9 @@ A run directory (the collector's ``log_dir``) holds:
 - ``steps.jsonl``: one JSON object per logged optimizer step, flushed line by line;
 - ``summary.json``: written atomically by ``close()`` only, so its presence means the run
   finished. A killed run has no summary: :func:`load_run` rebuilds one from ``steps.jsonl``
-  (tolerating a truncated last line) and marks it ``complete: false``.
+  (tolerating a truncated last line) and marks it ``complete: false``. An unreadable line
+  costs that step only (skipped, named by file and line); a finished run whose log lost lines
+  keeps its ``summary.json``.
 
 This module imports nothing heavy (no torch): ``hlmtune collect`` reads runs with it.
 """
@@ -69,20 +71,18 @@ def sanitize(obj: Any) -> Any:
 
 
 def read_steps(path: str | os.PathLike) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """Read ``steps.jsonl``.
+    """Read ``steps.jsonl``, skipping lines that cannot be read.
 
     A last line without its newline that does not parse is the mark of a run killed while
-    writing: it is dropped and reported. Any other unparsable line is an error.
+    writing ("truncated last line dropped"). Any other unreadable line (not JSON, or not an
+    object with a ``step``) costs that record only: it is skipped and named by file and
+    line ("corrupt line skipped"), and the rest of the run is kept.
 
     Args:
         path (str | os.PathLike): the steps file.
 
     Returns:
-        Tuple[List[Dict[str, Any]], List[str]]: the step records and notes (e.g. the truncated
-        last line).
-
-    Raises:
-        RunReadError: a corrupt line that is not a truncated last line (names file and line).
+        Tuple[List[Dict[str, Any]], List[str]]: the step records and one note per line lost.
     """
     path = Path(path)
     raw = path.read_bytes()
@@ -99,10 +99,12 @@ def read_steps(path: str | os.PathLike) -> Tuple[List[Dict[str, Any]], List[str]
         except (ValueError, UnicodeDecodeError) as e:
             if is_last:
                 notes.append(f"{path}:{i + 1}: truncated last line dropped ({len(line)} bytes)")
-                continue
-            raise RunReadError(f"{path}:{i + 1}: not a JSON object ({e})") from None
+            else:
+                notes.append(f"{path}:{i + 1}: corrupt line skipped (not JSON: {e})")
+            continue
         if not isinstance(obj, dict) or "step" not in obj:
-            raise RunReadError(f"{path}:{i + 1}: expected an object with a 'step' key")
+            notes.append(f"{path}:{i + 1}: corrupt line skipped (expected an object with a 'step' key)")
+            continue
         records.append(obj)
     return records, notes
 
@@ -321,9 +323,9 @@ def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) 
     else:
         notes.append(f"{d / RUN_FILE} missing: metadata unknown")
     records: List[Dict[str, Any]] = []
+    lost: List[str] = []  # steps.jsonl lines that could not be read
     if (d / STEPS_FILE).exists():
-        records, step_notes = read_steps(d / STEPS_FILE)
-        notes.extend(step_notes)
+        records, lost = read_steps(d / STEPS_FILE)
     written: Optional[Dict[str, Any]] = None
     if (d / SUMMARY_FILE).exists():
         try:
@@ -332,7 +334,16 @@ def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) 
             raise RunReadError(f"{d / SUMMARY_FILE}: not valid JSON ({e})") from None
     w = warmup_steps if warmup_steps is not None else int(run.get("warmup_steps", 1) or 0)
     summary = summarize_steps(records, warmup_steps=w, world_size=int(run.get("world_size") or 1))
-    complete = bool(written and written.get("complete")) and not any("truncated" in n for n in notes)
+    # summary.json is written by close() only, from every line of steps.jsonl as it was then.
+    complete = bool(written and written.get("complete"))
+    if complete and lost and warmup_steps is None:
+        # Lines of a finished run's log were lost afterwards (cut copy, disk error): its
+        # summary, computed at close from the full log, is the better record.
+        summary.update({k: v for k, v in written.items() if k != "schema"})
+        closed = "run.json closed, " if run.get("status") == "closed" else ""
+        lost = [f"{n}; the run closed normally ({closed}summary.json written at close): its summary.json is used"
+                for n in lost]
+    notes.extend(lost)
     summary["complete"] = complete
     if written is not None:
         summary["wall_time_s"] = written.get("wall_time_s")

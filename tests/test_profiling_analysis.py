@@ -155,7 +155,8 @@ def test_missing_paths_and_empty_dirs_are_problems_and_exit_status(tmp_path: Pat
     err = capsys.readouterr().err
     assert rc == 2
     assert "missing: path does not exist" in err and "no run.json or steps.jsonl" in err
-    assert "error: no usable run" in err
+    assert "error: no run directory found" in err
+    assert not (tmp_path / "o").exists()  # nothing written, not even an empty table
 
 
 def test_cli_collect_writes_table_and_plots(scaling_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -198,15 +199,41 @@ def test_batch_accumulation_and_sequence_length_are_group_keys(tmp_path: Path, m
     assert {"batch_size", "gradient_accumulation_steps", "max_seq_len"} <= set(cols)
 
 
-def test_corrupt_middle_line_is_unreadable_with_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_corrupt_middle_line_is_skipped_and_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """One bad line costs that step, not the run; the exit status is non-zero only when a run is lost."""
     make_run(tmp_path / "r" / "a", monkeypatch, world_size=1, step_times=[0.4] * 3, tokens_per_step=100)
     steps = tmp_path / "r" / "a" / "steps.jsonl"
     lines = steps.read_text().splitlines()
     lines[1] = "garbage"
     steps.write_text("\n".join(lines) + "\n")
     res = collect([tmp_path / "r"], tmp_path / "o", plots=False)
-    assert res["rows"] == []
-    assert any(f"{steps}:2" in p["reason"] for p in res["problems"])
+    (row,) = res["rows"]
+    assert row["steps"] == 3 and row["status"] == "complete"  # closed run: its summary.json counts all 3
+    assert any(f"{steps}:2: corrupt line skipped" in p["reason"] for p in res["problems"])
+    assert hlmtune_main(["collect", str(tmp_path / "r"), "--out", str(tmp_path / "o2"), "--no-plots"]) == 0
+    assert f"{steps}:2: corrupt line skipped" in capsys.readouterr().err
+    # A run that cannot be read at all is lost: the others are still tabled, the exit status says so.
+    make_run(tmp_path / "r" / "b", monkeypatch, world_size=1, step_times=[0.4] * 3, tokens_per_step=100)
+    (tmp_path / "r" / "b" / "run.json").write_text("{")
+    assert hlmtune_main(["collect", str(tmp_path / "r"), "--out", str(tmp_path / "o3"), "--no-plots"]) == 1
+    err = capsys.readouterr().err
+    assert "run.json: not valid JSON" in err and "1 run(s) lost" in err
+    assert (tmp_path / "o3" / "table.csv").exists()
+
+
+def test_truncated_last_line_of_a_closed_run_is_reported_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """summary.json exists and run.json says closed: the run is complete, only a line of its log is cut."""
+    make_run(tmp_path / "r" / "n1", monkeypatch, world_size=1, step_times=[0.5] * 4, tokens_per_step=100)
+    steps = tmp_path / "r" / "n1" / "steps.jsonl"
+    steps.write_bytes(steps.read_bytes()[:-20])  # the last line loses its end
+    res = collect([tmp_path / "r"], tmp_path / "o", plots=False)
+    (row,) = res["rows"]
+    assert row["status"] == "complete" and row["steps"] == 4  # summary.json (written at close) holds all 4
+    assert row["total_time_s"] == pytest.approx(2.0)
+    reasons = [p["reason"] for p in res["problems"]]
+    assert not any("no summary.json" in r for r in reasons), reasons
+    assert any(f"{steps}:4: truncated last line dropped" in r and "closed normally" in r for r in reasons), reasons
 
 
 @pytest.mark.slow

@@ -37,3 +37,17 @@ def test_profile_without_command_is_an_error(capsys: pytest.CaptureFixture) -> N
     assert main(["profile", "nsys", "--dry-run"]) == 2
     assert "after `--`" in capsys.readouterr().err
     assert main(["profile", "torch"]) == 2
+
+
+def test_collect_into_a_file_is_one_line_exit_2(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    from hlmtune.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "steps.jsonl").write_text('{"step": 1, "iteration_time_s": 0.5}\n')
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    assert main(["collect", str(run), "--out", str(taken), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {taken}: is a file, not a directory" in err and "Traceback" not in err
+    assert taken.read_text() == "x"
