@@ -120,6 +120,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     Returns:
         int: 0 all records done, 1 some failed, 2 bad arguments / no input.
     """
+    from hlmtune._io import ensure_dir
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, default_workers, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
@@ -141,8 +142,9 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
             if not lst.exists():
                 raise FileNotFoundError(f"--records-list {lst} does not exist")
             records = [ln.strip() for ln in lst.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+        out = ensure_dir(args.out, "--out")
         summary = tokenize_directory(
-            Path(args.records), Path(args.out), params=params, options=options, records=records,
+            Path(args.records), out, params=params, options=options, records=records,
             workers=args.workers or default_workers(), progress=not args.no_progress,
             implementation=args.implementation,
         )
@@ -192,10 +194,16 @@ def cmd_synth(args: argparse.Namespace) -> int:
     Returns:
         int: 0.
     """
+    from hlmtune._io import OutputPathError, ensure_dir
     from hlmtune.ecg_tokenizer.synth import write_synthetic_database
 
     if args.n_records < 1 or args.duration < 5:
         print("hlmtune synth-ecg: error: need --n-records >= 1 and --duration >= 5", file=sys.stderr)
+        return 2
+    try:
+        ensure_dir(args.out, "--out")
+    except OutputPathError as e:
+        print(f"hlmtune synth-ecg: error: {e}", file=sys.stderr)
         return 2
     names = write_synthetic_database(Path(args.out), n_records=args.n_records, fs=args.fs, duration_s=args.duration, seed=args.seed)
     print(f"wrote {len(names)} synthetic records to {os.fspath(args.out)}: {' '.join(names)}")

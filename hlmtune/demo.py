@@ -41,9 +41,14 @@ def run_demo(*, out: Path, data: Optional[str], steps: int, max_ranks: int) -> i
     if not data_path.is_file():
         print(f"hlmtune demo: {data_path} does not exist", file=sys.stderr)
         return 2
+    from hlmtune._io import OutputPathError, ensure_dir
     from hlmtune.tiny import write_tiny_assets
 
-    out = out.resolve()
+    try:
+        out = ensure_dir(out, "--out").resolve()
+    except OutputPathError as e:
+        print(f"hlmtune demo: {e}", file=sys.stderr)
+        return 2
     model_dir = out / "tiny-llama3"
     print(f"[demo] writing tiny Llama3 (tokenizer + HF checkpoint) to {model_dir}", flush=True)
     # Big enough that compute, not per-step overhead, dominates a CPU step (~11M params), so the

@@ -134,3 +134,13 @@ def test_yaml_syntax_error_is_one_line_naming_the_file(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert f"{bad}: YAML syntax error at line 3" in proc.stderr and "flow sequence at line 2" in proc.stderr and "fix the file" in proc.stderr
+
+
+def test_demo_into_a_file_is_one_line_exit_2(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    data = tmp_path / "alpaca.jsonl"
+    data.write_text('{"instruction": "a", "input": "", "output": "b"}\n')
+    assert main(["demo", "--out", str(taken), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {taken}: is a file, not a directory" in err and len(err.strip().splitlines()) == 1

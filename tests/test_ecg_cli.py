@@ -100,3 +100,20 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert "records directory" in capsys.readouterr().err
     assert main(["tokenize", "--records", str(tmp_path), "--out", str(tmp_path / "o"), "--window", "64"]) == 2
     assert "window must be 128..1024" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["out-is-file", "out-under-file"])
+def test_output_path_that_is_a_file_is_one_line_exit_2(tmp_path, capsys, below):
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    out = taken / "sub" if below else taken
+    synth = tmp_path / "synth"
+    assert main(["synth-ecg", "--out", str(synth), "--n-records", "1", "--duration", "10"]) == 0
+    capsys.readouterr()
+    for argv in (["tokenize", "--records", str(synth), "--out", str(out), "--no-progress", "--workers", "1"],
+                 ["synth-ecg", "--out", str(out), "--n-records", "1", "--duration", "10"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"--out {out}: " in err and "not a directory" in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    assert taken.read_text() == "x"
