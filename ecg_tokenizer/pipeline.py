@@ -162,13 +162,20 @@ def _write(task: Tuple, res: Tuple[str, str, Any]) -> Tuple[str, str, Any]:
         return "failed", name, f"writing shards: {type(e).__name__}: {e}"
 
 
+def _worker_init(parent: int) -> None:
+    """Pool worker start: die with the parent, even when it is SIGKILLed (no cleanup runs then)."""
+    from hlmtune._proc import die_with_parent
+
+    die_with_parent(expected_parent=parent)
+
+
 def _pool(workers: int):
     import concurrent.futures as cf
     import multiprocessing as mp
 
     # fork: workers inherit the imported numpy/scipy/wfdb instead of re-importing (~1 s).
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),))
 
 
 def tokenize_directory(

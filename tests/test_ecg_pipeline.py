@@ -4,6 +4,7 @@ outputs are byte-identical across runs and worker counts."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,69 @@ def test_interrupted_run_leaves_no_manifest(db, tmp_path, monkeypatch):
     monkeypatch.setattr(core, "tokenize_record", real)
     s = tokenize_directory(db, out, params=TokenizerParams(levels=64), options=OPTS, records=GOOD, progress=False)
     assert s.ok and len(s.done) == 2 and len(s.skipped) == 1  # the record finished before the crash is kept
+
+
+def _children(pid: int) -> list:
+    """Live child processes of ``pid`` (from /proc; zombies count as gone)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_workers_die_with_a_killed_parent(tmp_path):
+    """SIGKILL of `hlmtune tokenize` (no cleanup runs) must not leave its forked workers behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # Workers that take long over each record, so they are alive when the parent is killed.
+    script = (
+        "import time\n"
+        "from hlmtune.ecg_tokenizer import pipeline\n"
+        "from hlmtune.ecg_tokenizer.vocab import TokenizerParams\n"
+        "def slow(task):\n"
+        "    time.sleep(120)\n"
+        "pipeline._compute = slow\n"
+        f"pipeline.tokenize_directory({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, params=TokenizerParams(),\n"
+        "    records=['a', 'b', 'c', 'd'], workers=2, progress=False)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.time() + 60
+        workers = []
+        while len(workers) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+            workers = _children(proc.pid)
+        assert len(workers) >= 2, "the pool did not start"
+        time.sleep(0.5)  # let the workers reach their task
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 10
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        survivors = [w for w in workers if _alive(w)]
+        for w in survivors:  # clean up before failing
+            os.kill(w, signal.SIGKILL)
+        assert not survivors, f"workers {survivors} outlived their parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
