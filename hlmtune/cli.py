@@ -18,6 +18,7 @@ _SUBCOMMAND_MODULES = (
     "hlmtune.data_builders.cli",  # data-report
     "hlmtune.ecg_tokenizer.cli",  # tokenize, download, synth-ecg
     "hlmtune.profiling.cli",  # collect, profile
+    "hlmtune.sweep.cli",  # sweep
 )
 
 
