@@ -118,18 +118,34 @@ def test_dpo_reward_accuracy_rises(recipe, config, world_size, tiny_model, text_
         assert s["loss"] < 5.0
 
 
-def test_loss_is_world_size_and_wrapper_invariant(tiny_model, text_data_dir, tmp_path):
-    """Same global batch at 1 and 2 ranks: same samples per step, same token-weighted loss,
-    whether ranks replicate (DDP, the CPU default) or shard (FSDP2, the CUDA default, run here on gloo)."""
-    losses = {}
+def test_gradients_are_world_size_and_wrapper_invariant(tiny_model, text_data_dir, tmp_path):
+    """Same global batch at 1 and 2 ranks: same gradients, same loss trajectory, whether ranks
+    replicate (DDP, the CPU default) or shard (FSDP2, the CUDA default, run here on gloo).
+
+    The gradients themselves are compared: ``clip_grad_norm`` set far above any norm logs the
+    pre-step gradient norm without ever clipping. Training uses SGD, whose update is
+    proportional to the gradient, so a mis-scaled gradient also changes the losses (AdamW
+    normalises a uniform scale away, which is why a loss-only check under AdamW cannot fail).
+    """
+    runs = {}
     for name, ws, dp in (("ws1", 1, "auto"), ("ws2_ddp", 2, "ddp"), ("ws2_fsdp", 2, "fsdp")):
         out = tmp_path / name
         run_recipe("lora_finetune_distributed", "tiny_lora", out, model_dir=tiny_model, data_dir=text_data_dir,
                    nproc=ws if ws > 1 else None,
-                   overrides=["max_steps_per_epoch=6", f"batch_size={4 // ws}", f"data_parallel={dp}"])
-        losses[name] = [s["loss"] for s in read_steps(out)]
-    assert losses["ws1"] == pytest.approx(losses["ws2_ddp"], rel=1e-4)
-    assert losses["ws1"] == pytest.approx(losses["ws2_fsdp"], rel=1e-3)
+                   overrides=["max_steps_per_epoch=6", f"batch_size={4 // ws}", f"data_parallel={dp}",
+                              "optimizer._component_=torch.optim.SGD", "optimizer.lr=0.5", "optimizer.weight_decay=0.0",
+                              "clip_grad_norm=1e9"])
+        runs[name] = read_steps(out)
+    base = runs["ws1"]
+    grad_norms = [s["grad_norm"] for s in base]
+    losses = [s["loss"] for s in base]
+    assert all(g > 1e-3 for g in grad_norms), grad_norms
+    # SGD moves the loss: the comparison below would be vacuous if nothing trained.
+    assert losses[-1] < losses[0] - 0.05, losses
+    for name, rel in (("ws2_ddp", 1e-4), ("ws2_fsdp", 1e-3)):
+        assert [s["tokens"] for s in runs[name]] == [s["tokens"] for s in base], name
+        assert [s["grad_norm"] for s in runs[name]] == pytest.approx(grad_norms, rel=rel), name
+        assert [s["loss"] for s in runs[name]] == pytest.approx(losses, rel=rel), name
 
 
 def test_qlora_under_fsdp2(tiny_model, text_data_dir, tmp_path):
