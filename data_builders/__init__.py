@@ -1,6 +1,6 @@
 """Dataset builders (``_component_`` targets) and the token-count report.
 
-Text builders (issue 2, section 5): alpaca-cleaned, grammar (C4_200M), samsum, slimorca and
+Text builders: alpaca-cleaned, grammar (C4_200M), samsum, slimorca and
 preference pairs (stack-exchange paired, HH-RLHF). See ``docs/data_builders.md``.
 
 Names are exported lazily (PEP 562 ``__getattr__``): ``import hlmtune.data_builders.cli``, done
@@ -49,8 +49,14 @@ _EXPORTS: Dict[str, str] = {
     "write_report_json": "report",
 }
 
-# ecg.py: ECG heartbeat tokens (the builder lives in hlmtune.ecg_tokenizer.dataset)
-_EXPORTS.update({"ecg_tokens_dataset": "ecg", "ECGTokensDataset": "ecg"})
+# ecg.py: the Heart Language Model's datasets (ecg_tokens_dataset lives in hlmtune.ecg_tokenizer.dataset)
+_EXPORTS.update({
+    name: "ecg" for name in (
+        "ecg_tokens_dataset", "ECGTokensDataset", "ecg_pretrain_dataset", "ecg_beat_classification_dataset",
+        "ecg_beat_dpo_dataset", "ecg_af_dataset", "ECGBeatClassificationDataset", "ECGBeatPreferenceDataset",
+        "ECGAFDataset",
+    )
+})
 
 __all__: List[str] = sorted(_EXPORTS)
 

@@ -1,10 +1,496 @@
-"""ECG heartbeat-token dataset for the Heart Language Model.
+"""Heart Language Model datasets: pretraining windows, beat classes, atrial fibrillation, DPO pairs.
 
-The builder lives with the tokenizer that writes the shards (``hlmtune.ecg_tokenizer``); it is
-re-exported here so configs name every dataset builder the same way:
-``dataset: {_component_: hlmtune.data_builders.ecg_tokens_dataset, shards_dir: ...}``.
+Every builder reads the memory-mapped shards of ``hlmtune tokenize`` (format version 2: a
+``samples`` beat is ``<sep> rrNN q...q``, signal only; labels and rhythms live in the beat
+tables) and follows torchtune's conventions: ``builder(tokenizer, *, ...)`` returning a
+map-style dataset of ``{"tokens", "labels"}`` (``padded_collate_sft``) or of
+``{"chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"}``
+(``padded_collate_dpo``). Labels are -100 except where the model must predict.
+
+Splits (:mod:`hlmtune.hlm.splits`): every builder defaults to ``split: DS1`` (MIT-BIH
+inter-patient training records) and refuses DS2 records, which only ``hlmtune eval`` reads.
+
+Inputs never hold the answer:
+
+* pretraining (``ecg_pretrain_dataset``): windows of ``max_seq_len`` tokens of the record
+  streams; for ``samples`` shards these are waveform levels and RR bins only (the papers'
+  second HLM, "built on ECG samples surrounding a heartbeat");
+* beat classification (``ecg_beat_classification_dataset``), one example per target beat::
+
+      <bos> rr(i-C) ... rr(i-1)  <sep> rr(i) q...q  rr(i+1)  <beat?>  LABEL  <eos>
+            context: RR bins       the target beat   following RR      answer
+            of earlier beats       (signal only)     (as in de Chazal 2004)
+
+  Earlier beats appear as their RR bins only (no waveform, no label): the rhythm context of
+  the inter-patient feature sets (local RR average, prematurity) at one token per beat. Only
+  ``LABEL`` is trained on. With the default 128-sample beats and 16 context beats an example
+  is 149 tokens;
+* atrial fibrillation (``ecg_af_dataset``): a segment of ``segment_beats`` consecutive beats
+  (annotation shards: one symbol token per beat, the papers' first HLM; samples shards: the
+  beats' RR tokens) then ``<af?>`` and the answer ``<af>``/``<not_af>`` from the rhythm
+  annotations (majority of the segment's beats in ``(AFIB``), which are never in the input;
+* DPO pairs (``ecg_beat_dpo_dataset``): the classification prompt with the correct class
+  chosen and a wrong class rejected.
+
+Class imbalance (DS1: N 45,866 vs S 944): ``balance`` resamples each epoch's examples with
+class shares proportional to ``count ** balance`` (0 = equal classes, 1 = as recorded; default
+0.5 for classification), drawing without replacement while a class has enough examples and
+cycling through a seeded permutation when it must repeat them.
 """
 
-from hlmtune.ecg_tokenizer.dataset import ECGTokensDataset, ecg_tokens_dataset
+from __future__ import annotations
 
-__all__ = ["ECGTokensDataset", "ecg_tokens_dataset"]
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from hlmtune.ecg_tokenizer.dataset import ECGTokensDataset, ecg_tokens_dataset  # noqa: F401 (re-exported)
+from hlmtune.ecg_tokenizer.shards import RECORDS_SUBDIR, read_manifest, stem
+from hlmtune.ecg_tokenizer.vocab import BOS_ID, EOS_ID, TokenizerParams, Vocabulary
+from hlmtune.hlm.splits import RANDOM, TRAIN, random_beat_mask, resolve_records
+
+IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
+AF_RHYTHM = "(AFIB"
+AF_SEGMENTS = (41, 128, 256, 512)  # the papers' AF segment lengths in beats
+# The confusion that matters most for each true class in inter-patient work: the rejected
+# answer of a DPO pair (N beats alternate between S and V, the classes the task is about).
+_REJECT = {"N": ("S", "V"), "S": ("N",), "V": ("N",), "F": ("V",), "Q": ("N",)}
+
+
+def _shards(tokenizer: Any, shards_dir: Optional[str]) -> Tuple[Dict[str, Any], TokenizerParams]:
+    shards = shards_dir or getattr(tokenizer, "manifest_dir", None)
+    if shards is None:
+        raise ValueError("ECG datasets need shards_dir (or a tokenizer built from manifest_path)")
+    manifest = read_manifest(Path(shards))
+    params = TokenizerParams.from_dict(manifest["params"])
+    tp = getattr(tokenizer, "params", None)
+    if tp is not None and tp != params:
+        diff = {k: (v, getattr(params, k)) for k, v in tp.to_dict().items() if getattr(params, k) != v}
+        raise ValueError(f"tokenizer parameters disagree with the shards in {manifest['_dir']}: (tokenizer, shards) {diff}")
+    return manifest, params
+
+
+def balanced_indices(labels: np.ndarray, *, balance: Optional[float], num_examples: Optional[int], seed: int) -> np.ndarray:
+    """Example indices of one epoch with class shares proportional to ``count ** balance``.
+
+    Args:
+        labels (np.ndarray): (n,) class id per candidate example.
+        balance (Optional[float]): exponent; None keeps every example once, in order.
+        num_examples (Optional[int]): epoch size (default: number of candidates).
+        seed (int): seed of the draw.
+
+    Returns:
+        np.ndarray: (num_examples,) indices into ``labels``, shuffled by class draw.
+    """
+    n = labels.size
+    if balance is None:
+        return np.arange(n, dtype=np.int64)
+    if not 0.0 <= float(balance) <= 1.0:
+        raise ValueError(f"balance must be in [0, 1] or null, got {balance}")
+    total = int(num_examples or n)
+    classes, counts = np.unique(labels, return_counts=True)
+    share = counts.astype(np.float64) ** float(balance)
+    want = np.floor(share / share.sum() * total).astype(np.int64)
+    want[np.argsort(-share)[: total - int(want.sum())]] += 1  # hand out the rounding remainder
+    rng = np.random.default_rng(seed)
+    out = []
+    for c, k in zip(classes, want):
+        members = np.flatnonzero(labels == c)
+        reps = -(-int(k) // members.size)
+        # Each repeat is a fresh permutation: every member is used once before any twice.
+        out.append(np.concatenate([rng.permutation(members) for _ in range(max(reps, 1))])[: int(k)])
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+class _BeatTables:
+    """Beat tables of the chosen records, concatenated, and lazily opened token maps."""
+
+    def __init__(self, manifest: Dict[str, Any], records: List[str]) -> None:
+        self.dir = Path(manifest["_dir"])
+        by_name = {r["record"]: r for r in manifest["records"]}
+        self.meta = [by_name[r] for r in records]
+        self.names = list(records)
+        tables = [np.asarray(np.load(self.dir / m["outputs"]["beats"]["file"], mmap_mode="r")) for m in self.meta]
+        self.tables = tables
+        self._maps: Dict[int, np.ndarray] = {}
+
+    def tokens(self, i: int) -> np.ndarray:
+        m = self._maps.get(i)
+        if m is None:
+            meta = self.meta[i]
+            m = np.load(self.dir / meta["outputs"]["tokens"]["file"], mmap_mode="r")
+            if m.shape != (int(meta["n_tokens"]),):
+                raise ValueError(f"shard of record {meta['record']} has shape {m.shape}, manifest says ({meta['n_tokens']},)")
+            self._maps[i] = m
+        return m
+
+    def __getstate__(self) -> Dict[str, Any]:  # DataLoader workers re-open the maps
+        state = dict(self.__dict__)
+        state["_maps"] = {}
+        return state
+
+
+class ECGBeatClassificationDataset(Dataset):
+    """One example per target beat: signal-only context and beat, then the AAMI class token.
+
+    Args:
+        manifest (Dict): the shards' manifest (``read_manifest``).
+        records (List[str]): records to read (already split-checked).
+        context_beats (int): earlier beats given as RR tokens (0..1000).
+        classes (Sequence[str]): target classes (default: every labelled class).
+        balance (Optional[float]): class-share exponent, None = every beat once.
+        num_examples (Optional[int]): examples per epoch when balancing.
+        seed (int): balancing / random-split seed.
+        beat_mask (Optional[Dict[str, np.ndarray]]): per record, which beats are targets.
+
+    Raises:
+        ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
+    """
+
+    def __init__(
+        self,
+        manifest: Dict[str, Any],
+        records: List[str],
+        *,
+        context_beats: int,
+        classes: Optional[Sequence[str]],
+        balance: Optional[float],
+        num_examples: Optional[int],
+        seed: int,
+        beat_mask: Optional[Dict[str, np.ndarray]] = None,
+    ) -> None:
+        params = TokenizerParams.from_dict(manifest["params"])
+        if params.scheme != "samples":
+            raise ValueError(
+                f"beat classification reads 'samples' shards; {manifest['_dir']} holds '{params.scheme}' shards, "
+                "whose tokens are the annotators' labels (an input may not contain the answer). Tokenize with "
+                "`hlmtune tokenize --scheme samples`"
+            )
+        if not params.rr_bins:
+            raise ValueError(f"beat classification needs RR tokens: {manifest['_dir']} was tokenized with --rr-bins 0")
+        if not 0 <= int(context_beats) <= 1000:
+            raise ValueError(f"context_beats must be 0..1000, got {context_beats}")
+        self.vocab = Vocabulary(params)
+        self.params = params
+        self.context_beats = int(context_beats)
+        self.beats = _BeatTables(manifest, records)
+        all_classes = self.vocab.classes[:-1]  # the last class is <unlabeled>
+        self.classes: List[str] = list(classes) if classes is not None else list(all_classes)
+        unknown = [c for c in self.classes if c not in all_classes]
+        if unknown:
+            raise ValueError(f"classes {unknown} are not label classes of these shards ({all_classes})")
+        class_ids = np.array([self.vocab.classes.index(c) for c in self.classes])
+        self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W
+        self.query_id = self.vocab.ids["<beat?>"]
+        self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
+        rec_idx, beat_idx, labels = [], [], []
+        for i, (name, t) in enumerate(zip(self.beats.names, self.beats.tables)):
+            ok = np.isin(t["label"], class_ids)
+            if beat_mask is not None:
+                ok &= beat_mask[name]
+            j = np.flatnonzero(ok)
+            rec_idx.append(np.full(j.size, i, np.int64))
+            beat_idx.append(j)
+            labels.append(t["label"][j].astype(np.int64))
+        self.rec = np.concatenate(rec_idx) if rec_idx else np.zeros(0, np.int64)
+        self.beat = np.concatenate(beat_idx) if beat_idx else np.zeros(0, np.int64)
+        self.label = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+        if self.label.size == 0:
+            raise ValueError(f"no beats of classes {self.classes} in records {records}")
+        self.index = balanced_indices(self.label, balance=balance, num_examples=num_examples, seed=seed)
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    def label_of(self, k: int) -> str:
+        """Class name of example ``k``."""
+        return self.vocab.classes[int(self.label[self.index[k]])]
+
+    def prompt(self, k: int) -> List[int]:
+        """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
+        e = int(self.index[k])
+        i, j = int(self.rec[e]), int(self.beat[e])
+        t = self.beats.tables[i]
+        c0 = max(0, j - self.context_beats)
+        ctx = (self.vocab.rr_base + t["rr_bin"][c0:j].astype(np.int64)).tolist()  # earlier beats: RR only
+        s = int(t["token_start"][j])
+        beat = self.beats.tokens(i)[s : s + self.per_beat].tolist()  # <sep> rr(i) q*W
+        nxt = self.vocab.rr_base + int(t["rr_bin"][j + 1]) if j + 1 < t.size else self.unknown_rr
+        return [BOS_ID] + ctx + beat + [nxt, self.query_id]
+
+    def __getitem__(self, k: int) -> Dict[str, List[int]]:
+        prompt = self.prompt(k)
+        answer = self.vocab.label_base + int(self.label[self.index[k]])
+        tokens = prompt + [answer, EOS_ID]
+        labels = [IGNORE] * len(prompt) + [answer, IGNORE]
+        return {"tokens": tokens, "labels": labels}
+
+
+class ECGBeatPreferenceDataset(Dataset):
+    """DPO pairs over beat-classification prompts: correct class chosen, a confusable one rejected."""
+
+    def __init__(self, base: ECGBeatClassificationDataset) -> None:
+        self.base = base
+        self.classes = base.vocab.classes
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def rejected_label(self, k: int) -> str:
+        """The wrong answer of pair ``k`` (see ``_REJECT``), always a class the dataset targets."""
+        truth = self.base.label_of(k)
+        options = [c for c in _REJECT.get(truth, ()) if c in self.base.classes] or [
+            c for c in self.base.classes if c != truth
+        ]
+        return options[k % len(options)]
+
+    def __getitem__(self, k: int) -> Dict[str, List[int]]:
+        prompt = self.base.prompt(k)
+        v = self.base.vocab
+        good = v.label_base + self.classes.index(self.base.label_of(k))
+        bad = v.label_base + self.classes.index(self.rejected_label(k))
+        mask = [IGNORE] * len(prompt)
+        return {
+            "chosen_input_ids": prompt + [good, EOS_ID], "chosen_labels": mask + [good, IGNORE],
+            "rejected_input_ids": prompt + [bad, EOS_ID], "rejected_labels": mask + [bad, IGNORE],
+        }
+
+
+class ECGAFDataset(Dataset):
+    """Segments of consecutive beats -> ``<af>`` / ``<not_af>`` (rhythm annotations, never in the input)."""
+
+    def __init__(
+        self, manifest: Dict[str, Any], records: List[str], *, segment_beats: int, stride_beats: Optional[int],
+        balance: Optional[float], num_examples: Optional[int], seed: int,
+    ) -> None:
+        params = TokenizerParams.from_dict(manifest["params"])
+        if params.scheme == "samples" and not params.rr_bins:
+            raise ValueError(f"AF from samples shards uses the RR tokens: {manifest['_dir']} has --rr-bins 0")
+        self.params, self.vocab = params, Vocabulary(params)
+        self.segment_beats = int(segment_beats)
+        if self.segment_beats < 2:
+            raise ValueError(f"segment_beats must be >= 2, got {segment_beats}")
+        stride = int(stride_beats or segment_beats)
+        self.beats = _BeatTables(manifest, records)
+        self.query_id, self.yes_id, self.no_id = (self.vocab.ids[t] for t in ("<af?>", "<af>", "<not_af>"))
+        rec_idx, starts, target = [], [], []
+        for i, (meta, t) in enumerate(zip(self.beats.meta, self.beats.tables)):
+            n = t.size
+            if n < self.segment_beats:
+                continue
+            is_af = np.array([r == AF_RHYTHM for r in self._record_rhythms(meta["record"])] + [False])
+            af = is_af[t["rhythm"]]  # rhythm -1 (unknown) indexes the trailing False
+            s = np.arange(0, n - self.segment_beats + 1, stride, dtype=np.int64)
+            csum = np.concatenate([[0], np.cumsum(af.astype(np.int64))])
+            frac = (csum[s + self.segment_beats] - csum[s]) / self.segment_beats
+            rec_idx.append(np.full(s.size, i, np.int64))
+            starts.append(s)
+            target.append((frac >= 0.5).astype(np.int64))
+        if not starts:
+            raise ValueError(f"no record of {records} has {self.segment_beats} beats")
+        self.rec, self.start = np.concatenate(rec_idx), np.concatenate(starts)
+        self.target = np.concatenate(target)
+        self.index = balanced_indices(self.target, balance=balance, num_examples=num_examples, seed=seed)
+
+    def _record_rhythms(self, record: str) -> List[str]:
+        # The record's rhythm names (indexed by beats.npy "rhythm") are in its per-record JSON.
+        import json
+
+        return list(json.loads((self.beats.dir / RECORDS_SUBDIR / f"{stem(record)}.json").read_text())["rhythms"])
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    def is_af(self, k: int) -> bool:
+        """Target of example ``k``."""
+        return bool(self.target[self.index[k]])
+
+    def prompt(self, k: int) -> List[int]:
+        """``<bos>`` + one token per beat of the segment + ``<af?>``."""
+        e = int(self.index[k])
+        i, s = int(self.rec[e]), int(self.start[e])
+        t = self.beats.tables[i]
+        if self.params.scheme == "annotation":
+            first = int(t["token_start"][s])
+            body = self.beats.tokens(i)[first : first + self.segment_beats].tolist()
+        else:
+            body = (self.vocab.rr_base + t["rr_bin"][s : s + self.segment_beats].astype(np.int64)).tolist()
+        return [BOS_ID] + body + [self.query_id]
+
+    def __getitem__(self, k: int) -> Dict[str, List[int]]:
+        prompt = self.prompt(k)
+        answer = self.yes_id if self.is_af(k) else self.no_id
+        return {"tokens": prompt + [answer, EOS_ID], "labels": [IGNORE] * len(prompt) + [answer, IGNORE]}
+
+
+# ----------------------------------------------------------------------------- builders
+# Explicit keyword arguments only: config validation checks every key against these signatures.
+
+
+def ecg_pretrain_dataset(
+    tokenizer: Any,
+    *,
+    shards_dir: Optional[str] = None,
+    max_seq_len: Optional[int] = None,
+    stride: Optional[int] = None,
+    split: str = TRAIN,
+    records: Optional[Sequence[str]] = None,
+    split_file: Optional[str] = None,
+) -> ECGTokensDataset:
+    """Pretraining windows: ``max_seq_len`` tokens of the record streams (the context window).
+
+    Args:
+        tokenizer (ECGTokenizer): its parameters must match the shards.
+        shards_dir (Optional[str]): ``hlmtune tokenize`` output (default: the tokenizer's manifest dir).
+        max_seq_len (Optional[int]): context window in tokens, the papers' sweep 128..1024
+            (default ``tokenizer.max_seq_len``).
+        stride (Optional[int]): tokens between window starts (default ``max_seq_len``: packed,
+            every token once).
+        split (str): ``DS1`` (default) or ``random`` (pretraining on the pooled records).
+        records (Optional[Sequence[str]]): explicit records (DS2 records are refused).
+        split_file (Optional[str]): split lists of another database.
+
+    Returns:
+        ECGTokensDataset: memory-mapped windows (only the window is copied; no per-rank copy).
+    """
+    manifest, params = _shards(tokenizer, shards_dir)
+    seq = max_seq_len or getattr(tokenizer, "max_seq_len", None)
+    if not seq:
+        raise ValueError("ecg_pretrain_dataset needs max_seq_len (the context window, 128..1024)")
+    chosen = resolve_records(split=split, records=records, split_file=split_file,
+                             available=[r["record"] for r in manifest["records"]])
+    return ECGTokensDataset(Path(manifest["_dir"]), max_seq_len=int(seq), stride=stride, records=chosen, expected_params=params)
+
+
+def _classification(
+    tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
+    split_file: Optional[str], context_beats: int, classes: Optional[Sequence[str]], balance: Optional[float],
+    num_examples: Optional[int], seed: int, random_test_fraction: float, evaluation: bool = False,
+) -> ECGBeatClassificationDataset:
+    manifest, _ = _shards(tokenizer, shards_dir)
+    chosen = resolve_records(split=split, records=records, split_file=split_file,
+                             available=[r["record"] for r in manifest["records"]], evaluation=evaluation)
+    mask = None
+    if split == RANDOM:
+        by_name = {r["record"]: r for r in manifest["records"]}
+        # train beats = not test; evaluation reads the test beats
+        mask = {}
+        for r in chosen:
+            test = random_beat_mask(r, int(by_name[r]["n_beats"]), seed=seed, test_fraction=random_test_fraction)
+            mask[r] = test if evaluation else ~test
+    return ECGBeatClassificationDataset(
+        manifest, chosen, context_beats=context_beats, classes=classes, balance=None if evaluation else balance,
+        num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask,
+    )
+
+
+def ecg_beat_classification_dataset(
+    tokenizer: Any,
+    *,
+    shards_dir: Optional[str] = None,
+    split: str = TRAIN,
+    records: Optional[Sequence[str]] = None,
+    split_file: Optional[str] = None,
+    context_beats: int = 16,
+    classes: Optional[Sequence[str]] = None,
+    balance: Optional[float] = 0.5,
+    num_examples: Optional[int] = None,
+    seed: int = 0,
+    random_test_fraction: float = 0.2,
+) -> ECGBeatClassificationDataset:
+    """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
+
+    Args:
+        tokenizer (ECGTokenizer): its parameters must match the shards.
+        shards_dir (Optional[str]): ``samples``-scheme shards (RR bins > 0).
+        split (str): ``DS1`` (default, inter-patient training) or ``random`` (beats of DS1+DS2
+            split by a seeded hash; reports then say so on their first line).
+        records (Optional[Sequence[str]]): explicit training records (no DS2 record).
+        split_file (Optional[str]): split lists of another database (JSON ``{"DS1", "DS2"}``).
+        context_beats (int): earlier beats given as RR tokens (more = longer prompts).
+        classes (Optional[Sequence[str]]): target classes (default: every labelled class).
+        balance (Optional[float]): class shares proportional to ``count ** balance``; 0 equal,
+            1 as recorded, null = every beat once (default 0.5).
+        num_examples (Optional[int]): examples per epoch (default: number of beats).
+        seed (int): seed of the balanced draw and of the random split.
+        random_test_fraction (float): share of beats held out by ``split: random``.
+
+    Returns:
+        ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
+    """
+    return _classification(
+        tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
+        context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
+        random_test_fraction=random_test_fraction,
+    )
+
+
+def ecg_beat_dpo_dataset(
+    tokenizer: Any,
+    *,
+    shards_dir: Optional[str] = None,
+    split: str = TRAIN,
+    records: Optional[Sequence[str]] = None,
+    split_file: Optional[str] = None,
+    context_beats: int = 16,
+    classes: Optional[Sequence[str]] = None,
+    balance: Optional[float] = 0.25,
+    num_examples: Optional[int] = None,
+    seed: int = 0,
+    random_test_fraction: float = 0.2,
+) -> ECGBeatPreferenceDataset:
+    """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
+
+    S and V carry the task: every N pair rejects S or V (alternating), S and V pairs reject N,
+    and the default ``balance`` of 0.25 gives S and V beats a larger share of pairs than the
+    classification default. Arguments as :func:`ecg_beat_classification_dataset`.
+
+    Returns:
+        ECGBeatPreferenceDataset: torchtune preference samples (``padded_collate_dpo``).
+    """
+    return ECGBeatPreferenceDataset(_classification(
+        tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
+        context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
+        random_test_fraction=random_test_fraction,
+    ))
+
+
+def ecg_af_dataset(
+    tokenizer: Any,
+    *,
+    shards_dir: Optional[str] = None,
+    split: str = TRAIN,
+    records: Optional[Sequence[str]] = None,
+    split_file: Optional[str] = None,
+    segment_beats: int = 41,
+    stride_beats: Optional[int] = None,
+    balance: Optional[float] = 0.5,
+    num_examples: Optional[int] = None,
+    seed: int = 0,
+) -> ECGAFDataset:
+    """Atrial fibrillation: a segment of beats -> ``<af>`` / ``<not_af>``.
+
+    Args:
+        tokenizer (ECGTokenizer): its parameters must match the shards.
+        shards_dir (Optional[str]): ``annotation`` shards (one symbol token per beat, the
+            papers' first HLM) or ``samples`` shards (the beats' RR tokens are the input).
+        split (str): ``DS1`` (default).
+        records (Optional[Sequence[str]]): explicit training records (no DS2 record).
+        split_file (Optional[str]): split lists of another database.
+        segment_beats (int): beats per segment (the papers: 41, 128, 256, 512).
+        stride_beats (Optional[int]): beats between segment starts (default: segment_beats).
+        balance (Optional[float]): class-share exponent (AF vs not), null = every segment once.
+        num_examples (Optional[int]): examples per epoch when balancing.
+        seed (int): seed of the balanced draw.
+
+    Returns:
+        ECGAFDataset: ``{"tokens", "labels"}`` examples; the target comes from the rhythm
+        annotations, which are never tokens of the input.
+    """
+    manifest, _ = _shards(tokenizer, shards_dir)
+    chosen = resolve_records(split=split, records=records, split_file=split_file,
+                             available=[r["record"] for r in manifest["records"]])
+    return ECGAFDataset(manifest, chosen, segment_beats=segment_beats, stride_beats=stride_beats,
+                        balance=balance, num_examples=num_examples, seed=seed)

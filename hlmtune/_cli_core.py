@@ -1,4 +1,4 @@
-"""``hlmtune ls | cp | run | validate | demo``."""
+"""``hlmtune ls | cp | run | validate | scaling-demo``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import shlex
 import shutil
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 from typing import List, Optional
 
@@ -57,28 +58,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="check a config against a recipe without training",
         description=(
             "Check a config: unknown keys and typos (naming the closest key), every _component_ "
-            "against its real signature, and the model built on the meta device (no memory, no "
-            "weights). Overrides are applied as `hlmtune run` would."
+            "against its real signature, unset ${oc.env:...} variables, and the model built on the "
+            "meta device (no memory, no weights). Keys accepted but not honoured are printed as "
+            "warnings. Overrides are applied as `hlmtune run` would."
         ),
         epilog="example: hlmtune validate --config llama3_8b_qlora_samsum batch_size=2 dtype=fp32",
     )
-    p.add_argument("recipe", nargs="?", help="pack recipe (default: the one a pack config is for)")
+    p.add_argument("recipe", nargs="?", help="pack recipe or recipe file (default: the recipe a pack config is for)")
     p.add_argument("--config", required=True, help="pack config name or YAML path")
-    p.add_argument("--check-paths", action="store_true", help="also require checkpoint/tokenizer files to exist")
+    p.add_argument("--check-paths", action="store_true",
+                   help="also check what `hlmtune run` checks before launch: every input path the config names "
+                        "(checkpoint, tokenizer, data files, shard manifests) exists and output_dir is writable")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an error (default: one line per problem)")
     p.add_argument("--no-model", action="store_true", help="skip building the model on the meta device")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser(
-        "demo",
-        help="tiny end-to-end run: LoRA at 1 and 2 ranks, collected into a scaling table",
+        "scaling-demo",
+        help="tiny LoRA run at 1 and 2 ranks, collected into a scaling table (the ECG main job is `demo`)",
         description=(
             "Build a tiny 2-layer Llama3 (tokenizer + HF checkpoint), fine-tune it with LoRA on "
             "the alpaca sample at 1 and 2 ranks on this machine, and collect the runs into a "
             "table with speedup/efficiency. Needs the alpaca JSONL: --data or $HLM_DATA/text."
         ),
     )
-    p.add_argument("--out", default="outputs/demo", help="output folder (default: outputs/demo)")
+    p.add_argument("--out", default="outputs/scaling-demo", help="output folder (default: outputs/scaling-demo)")
     p.add_argument("--data", default=None, help="alpaca-cleaned JSONL (default: $HLM_DATA/text/alpaca_cleaned.jsonl)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per run (default: 20)")
     p.add_argument("--max-ranks", type=int, default=2, help="largest world size to run (default: 2)")
@@ -94,6 +99,11 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print(f"{recipe:<32} {desc}")
         for c in configs:
             print(f"{'':<32}   {c}")
+    from hlmtune.sweep.files import pack_files
+
+    print(f"\n{'SWEEP TEMPLATES AND GRIDS':<32} (`hlmtune sweep`, docs/sweep.md; copy with `hlmtune cp`)")
+    for name in pack_files():
+        print(f"{'':<32}   {name}")
     print("\ntorchtune's own recipes and configs are available too: `tune ls`.")
     return 0
 
@@ -104,7 +114,9 @@ def _pack_file(name: str) -> Optional[Path]:
     stem = name[:-3] if name.endswith(".py") else name
     if stem in RECIPES:
         return recipes_dir() / f"{stem}.py"
-    return config_path(name)
+    from hlmtune.sweep.files import pack_file
+
+    return config_path(name) or pack_file(name)  # sweep templates and example grids too
 
 
 def _cmd_path(args: argparse.Namespace) -> int:
@@ -174,7 +186,10 @@ def run_cli(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_run_help())
         return 0
-    return run_command(argv)
+    debug = "--debug" in argv[: argv.index("--config") if "--config" in argv else len(argv)]
+    if debug:  # an hlmtune flag before the recipe's arguments, not torchrun's
+        argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i == argv.index("--debug"))]
+    return run_command(argv, debug=debug)
 
 
 def _run_help() -> str:
@@ -187,7 +202,20 @@ def _run_help() -> str:
         torchtune config name. Without torchrun options the recipe runs as one process
         (world size 1); any torchrun option (--nproc_per_node, --nnodes, --rdzv_backend,
         --rdzv_endpoint, --rdzv_id, --node_rank ...) launches it under torchrun, standalone
-        unless --rdzv_endpoint is given. Pack configs are validated before any process starts.
+        unless --rdzv_endpoint is given.
+
+        Before any process starts: every ${{oc.env:...}} variable is set, every input path the
+        config names exists (checkpoint dir/files, tokenizer files, data files, shard
+        manifests), output_dir is writable, and, for recipes that declare a RecipeSpec (pack
+        recipes, files copied with `hlmtune cp` or subclassing one, your own with a SPEC),
+        every key and component argument is checked. Each problem is one line naming the key;
+        exit status 2. Keys accepted but not honoured are printed as warnings. A recipe file
+        without a spec runs with a warning that its config was not validated.
+        Under torchrun, a failed rank is reported by its error line; the exit status is
+        non-zero when any rank failed.
+
+        hlmtune options (before the recipe):
+          --debug   print the traceback of an error found before launch
 
         examples:
           hlmtune run lora_finetune_distributed --config llama3_8b_lora_alpaca
@@ -214,9 +242,21 @@ def build_run_command(argv: List[str]) -> List[str]:
     Raises:
         ValueError: no ``--config``, unknown recipe or config, or an invalid pack config.
     """
-    from hlmtune._compat import load_config
+    return plan_run(argv)[0]
+
+
+def plan_run(argv: List[str]):
+    """Resolve, check before launch (see ``hlmtune/launch.py``) and build the command.
+
+    Returns:
+        tuple: (command as :func:`build_run_command`, warnings to print, torchrun used).
+
+    Raises:
+        ValueError: as :func:`build_run_command`; ``PreLaunchError`` (a ValueError) holds
+            one line per problem.
+    """
+    from hlmtune.launch import RANK_RUNNER, check_before_launch
     from hlmtune.registry import resolve_config, resolve_recipe
-    from hlmtune.training.schema import validate_config
 
     torchrun_args, recipe_name, rest, ns = split_run_args(argv)
     _check_process_counts(ns)
@@ -227,16 +267,16 @@ def build_run_command(argv: List[str]) -> List[str]:
     cfg_path = resolve_config(rest[i])
     rest[i] = str(cfg_path)
     overrides = rest[:i - 1] + rest[i + 1:]
-    if recipe.pack:
-        cfg = load_config(str(cfg_path), overrides)
-        validate_config(cfg, Path(recipe.module or str(recipe.path)).name.split(".")[-1].removesuffix(".py"))
+    warnings = check_before_launch(cfg_path, overrides, recipe)
     target = ["-m", recipe.module] if recipe.module else [str(recipe.path)]
     if torchrun_args:
         extra = []
         if not ns.rdzv_endpoint and not ns.standalone and "--standalone" not in torchrun_args:
             extra = ["--standalone"]  # as `tune run`: several single-node jobs can share a host
-        return [sys.executable, "-m", "torch.distributed.run", *torchrun_args, *extra, *target, *rest]
-    return [sys.executable, *target, *rest]
+        # Each rank runs through hlmtune._rank, which records its error for the summary.
+        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, *extra, *RANK_RUNNER, *target, *rest]
+        return cmd, warnings, True
+    return [sys.executable, *target, *rest], warnings, False
 
 
 def _check_process_counts(ns: argparse.Namespace) -> None:
@@ -251,19 +291,41 @@ def _check_process_counts(ns: argparse.Namespace) -> None:
                 raise ValueError(f"{flag} {value}: needs at least 1 (e.g. {flag} 2)")
 
 
-def run_command(argv: List[str]) -> int:
-    """Validate, then replace this process with the recipe (exit status passes through)."""
+def run_command(argv: List[str], debug: bool = False) -> int:
+    """Check before launch, then run: one process (exec) or torchrun's agent in this process.
+
+    Args:
+        argv (List[str]): arguments after ``run`` (without ``--debug``).
+        debug (bool): print the traceback of a pre-launch error.
+
+    Returns:
+        int: 2 for a user error found before launch; the run's exit status otherwise
+        (non-zero when any rank failed).
+    """
+    from hlmtune.launch import PreLaunchError, launch_torchrun
     from hlmtune.training.schema import ConfigError
 
     try:
-        cmd = build_run_command(argv)
+        cmd, warnings, torchrun = plan_run(argv)
+    except PreLaunchError as e:
+        for line in e.problems:
+            print(f"hlmtune run: {line}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        return 2
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"hlmtune run: {e}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
         return 2
+    for line in warnings:
+        print(f"hlmtune run: warning: {line}", file=sys.stderr)
     print("Running: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
     sys.stdout.flush()
     # The ranks torchrun starts die with it; this pid survives the exec (hlmtune/_proc.py).
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    if torchrun:
+        return launch_torchrun(cmd[3:])  # cmd = [python, -m, torch.distributed.run, ...]
     os.execv(cmd[0], cmd)
     return 0  # not reached
 
@@ -281,8 +343,10 @@ def validate_cli(argv: List[str]) -> int:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from hlmtune._compat import load_config
-    from hlmtune.registry import RECIPES, recipe_for_config, resolve_config
-    from hlmtune.training.schema import ConfigError, build_model_on_meta, validate_config
+    from hlmtune.launch import PreLaunchError
+    from hlmtune.preflight import env_problems, preflight
+    from hlmtune.registry import RECIPES, recipe_for_config, resolve_config, resolve_recipe
+    from hlmtune.training.schema import ConfigError, build_model_on_meta, config_warnings, validate_config
 
     try:
         path = resolve_config(args.config)
@@ -303,45 +367,42 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(f"hlmtune validate: name the recipe for {args.config}: hlmtune validate <recipe> --config ... (recipes: {', '.join(RECIPES)})", file=sys.stderr)
         return 2
     try:
+        resolved = resolve_recipe(recipe)
+        if resolved.spec is None:
+            raise ValueError(f"{recipe} declares no RecipeSpec: nothing to validate its config against "
+                             "(pack recipes, their copies and subclasses, or a recipe class with SPEC = RecipeSpec(...))")
         cfg = load_config(str(path), args.overrides)
-        validate_config(cfg, recipe)
-        problems = _missing_paths(cfg) if args.check_paths else []
-        if problems:
-            raise ConfigError("missing files:\n  - " + "\n  - ".join(problems))
+        env = env_problems(cfg)
+        if env:
+            raise PreLaunchError(env)
+        validate_config(cfg, resolved.spec)
+        if args.check_paths:
+            problems = preflight(cfg)
+            if problems:
+                raise PreLaunchError(problems)
         n_params = None if args.no_model else build_model_on_meta(cfg.model, cfg.get("dtype", "bf16"))
-    except (ConfigError, ValueError) as e:
+    except (ConfigError, PreLaunchError) as e:
+        for line in e.problems:
+            print(f"hlmtune validate: {path}: {line}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return 2
+    except ValueError as e:
         msg = str(e) if str(e).startswith(f"{path}:") else f"{path}: {e}"  # YAML errors name the file
         print(f"hlmtune validate: {msg}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
         return 2
+    for line in config_warnings(cfg, resolved.spec):
+        print(f"hlmtune validate: warning: {line}", file=sys.stderr)
     model = cfg.model.get("_component_", "?")
     if n_params:
         size = f", {n_params / 1e9:.2f}B" if n_params >= 1e9 else f", {n_params / 1e6:.1f}M"
         size += " params built on meta"
     else:
         size = ""
-    print(f"OK: {path.name} is valid for {recipe} (model {model}{size})")
+    print(f"OK: {path.name} is valid for {resolved.spec.name} (model {model}{size})")
     return 0
-
-
-def _missing_paths(cfg) -> List[str]:
-    from omegaconf import OmegaConf
-
-    out = []
-    c = OmegaConf.to_container(cfg, resolve=True)
-    tok = c.get("tokenizer", {})
-    for key in ("path", "special_tokens_path", "merges_file"):
-        if tok.get(key) and not Path(tok[key]).exists():
-            out.append(f"tokenizer.{key}: {tok[key]}")
-    ck = c.get("checkpointer") or {}
-    if ck.get("checkpoint_dir"):
-        files = ck.get("checkpoint_files") or []
-        if isinstance(files, dict):  # {filename_format: model-{}-of-{}.safetensors, max_filename: "00004"}
-            n = files["max_filename"]
-            files = [files["filename_format"].format(str(i).zfill(len(n)), n) for i in range(1, int(n) + 1)]
-        for f in files:
-            if not (Path(ck["checkpoint_dir"]) / f).exists():
-                out.append(f"checkpointer.checkpoint_files: {Path(ck['checkpoint_dir']) / f}")
-    return out
 
 
 # ---------------------------------------------------------------------------- demo

@@ -17,6 +17,7 @@ _SUBCOMMAND_MODULES = (
     "hlmtune._cli_core",  # ls, cp, run, validate, demo
     "hlmtune.data_builders.cli",  # data-report
     "hlmtune.ecg_tokenizer.cli",  # tokenize, download, synth-ecg
+    "hlmtune.hlm.cli",  # eval, the Heart Language Model's main job (demo)
     "hlmtune.profiling.cli",  # collect, profile
     "hlmtune.sweep.cli",  # sweep
 )
@@ -39,13 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     sub.required = True
     for name in _SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:  # a subsystem not built yet must not break the CLI
-            if e.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""``hlmtune demo``: the whole loop of the pack in a minute on a laptop-class CPU.
+"""``hlmtune scaling-demo``: the whole loop of the pack in a minute on a laptop-class CPU.
 
 1. write a tiny 2-layer Llama3 in the ``tune download`` layout (tokenizer + HF checkpoint);
 2. LoRA fine-tune it on the real alpaca-cleaned sample with the pack's
@@ -34,12 +34,12 @@ def run_demo(*, out: Path, data: Optional[str], steps: int, max_ranks: int) -> i
     if data is None:
         root = os.environ.get("HLM_DATA")
         if not root:
-            print("hlmtune demo: give --data <alpaca_cleaned.jsonl> or set HLM_DATA (folder with text/alpaca_cleaned.jsonl)", file=sys.stderr)
+            print("hlmtune scaling-demo: give --data <alpaca_cleaned.jsonl> or set HLM_DATA (folder with text/alpaca_cleaned.jsonl)", file=sys.stderr)
             return 2
         data = os.path.join(root, "text", "alpaca_cleaned.jsonl")
     data_path = Path(data).resolve()
     if not data_path.is_file():
-        print(f"hlmtune demo: {data_path} does not exist", file=sys.stderr)
+        print(f"hlmtune scaling-demo: {data_path} does not exist", file=sys.stderr)
         return 2
     from hlmtune._io import OutputPathError, ensure_dir
     from hlmtune.tiny import write_tiny_assets
@@ -47,7 +47,7 @@ def run_demo(*, out: Path, data: Optional[str], steps: int, max_ranks: int) -> i
     try:
         out = ensure_dir(out, "--out").resolve()
     except OutputPathError as e:
-        print(f"hlmtune demo: {e}", file=sys.stderr)
+        print(f"hlmtune scaling-demo: {e}", file=sys.stderr)
         return 2
     model_dir = out / "tiny-llama3"
     print(f"[demo] writing tiny Llama3 (tokenizer + HF checkpoint) to {model_dir}", flush=True)

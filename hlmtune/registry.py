@@ -2,7 +2,9 @@
 
 Names resolve pack-first: ``hlmtune run lora_finetune_distributed`` is the pack's recipe
 (torchtune has a recipe of the same name; ours wins, theirs stays reachable through
-``tune run``). Every YAML under ``configs/`` must be listed here (a test checks both ways).
+``tune run``). The recipes are the files under ``recipes/``, each declaring its
+``RecipeSpec``; every YAML under ``configs/`` must be listed in ``CONFIGS`` (a test checks
+both ways).
 """
 
 from __future__ import annotations
@@ -12,14 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Dict, List, Optional
 
-RECIPES: Dict[str, str] = {
-    "lora_finetune_distributed": "LoRA and QLoRA (NF4 base) fine-tuning",
-    "full_finetune_distributed": "full fine-tuning; trains from scratch without a checkpointer (ECG model)",
-    "lora_dpo_distributed": "DPO with LoRA adapters; the frozen base is the reference model",
-    "full_dpo_distributed": "DPO of all weights against a separate frozen reference model",
-    "qat_distributed": "quantization-aware full fine-tuning, then int8-activation/int4-weight quantization",
-    "qat_lora_finetune_distributed": "QAT with LoRA adapters, then quantization of the merged model",
-}
+from hlmtune.training.spec import RecipeSpec, SpecError, pack_recipes_dir, pack_specs, read_spec
+
+# Recipe name -> one-line summary, from each recipe class's SPEC (hlmtune.training.spec).
+RECIPES: Dict[str, str] = {name: spec.summary for name, spec in pack_specs().items()}
 
 # Llama3-8B configs: method x instruction/summarization/grammar dataset.
 _SFT_DATASETS = ("alpaca", "grammar", "samsum", "slimorca")
@@ -46,6 +44,17 @@ CONFIGS.update(
         "tiny_qat_lora": "qat_lora_finetune_distributed",
     }
 )
+# The Heart Language Model (hlmtune.hlm): pretraining from scratch, then fine-tuning for
+# beat classes from the pretrained weights.
+CONFIGS.update(
+    {
+        "ecg_pretrain": "full_finetune_distributed",
+        "ecg_lora": "lora_finetune_distributed",
+        "ecg_qlora": "lora_finetune_distributed",
+        "ecg_dpo": "lora_dpo_distributed",
+        "ecg_qat": "qat_distributed",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -56,13 +65,20 @@ class ResolvedRecipe:
         name (str): what the user typed.
         module (Optional[str]): module to run with ``python -m`` (pack recipes).
         path (Optional[Path]): script to run (torchtune built-ins, user files).
-        pack (bool): one of the pack's recipes (its config keys are validated up front).
+        spec (Optional[RecipeSpec]): what the recipe declares (pack recipes, their copies
+            and subclasses, user recipes with a ``SPEC``); None for torchtune's built-ins and
+            recipe files of unknown kind, which are not validated before launch.
     """
 
     name: str
     module: Optional[str]
     path: Optional[Path]
-    pack: bool
+    spec: Optional[RecipeSpec]
+
+    @property
+    def pack(self) -> bool:
+        """The config is validated before launch (the recipe declares a spec)."""
+        return self.spec is not None
 
 
 def configs_dir() -> Path:
@@ -72,7 +88,7 @@ def configs_dir() -> Path:
 
 def recipes_dir() -> Path:
     """Folder holding the pack's recipe files (installed as ``hlmtune.recipes``)."""
-    return Path(str(resources.files("hlmtune.recipes")))
+    return pack_recipes_dir()
 
 
 def config_path(name: str) -> Optional[Path]:
@@ -100,22 +116,30 @@ def resolve_recipe(name: str) -> ResolvedRecipe:
     Returns:
         ResolvedRecipe: how to launch it.
 
+    A ``.py`` file is recognised by the ``SPEC`` its recipe class declares (read from the
+    source, see ``hlmtune.training.spec.read_spec``): a copy of a pack recipe keeps the
+    pack recipe's spec whatever the file is called.
+
     Raises:
-        ValueError: nothing of that name (message lists the pack's recipes).
+        ValueError: nothing of that name (message lists the pack's recipes), or a recipe
+            file whose ``SPEC`` cannot be read.
     """
     stem = name[:-3] if name.endswith(".py") else name
-    if Path(stem).name in RECIPES and not Path(name).is_file():
-        return ResolvedRecipe(name, f"hlmtune.recipes.{Path(stem).name}", None, True)
+    specs = pack_specs()
+    if Path(stem).name in specs and not Path(name).is_file():
+        return ResolvedRecipe(name, f"hlmtune.recipes.{Path(stem).name}", None, specs[Path(stem).name])
     if name.endswith(".py") and Path(name).is_file():
         p = Path(name).resolve()
-        # A copy of a pack recipe (from `hlmtune cp`) keeps the pack's key checks.
-        return ResolvedRecipe(name, None, p, p.stem in RECIPES)
+        try:
+            return ResolvedRecipe(name, None, p, read_spec(p))
+        except SpecError as e:
+            raise ValueError(str(e)) from None
     from hlmtune._compat import builtin_recipes
 
     recipes, root = builtin_recipes()
     for r in recipes:
         if r.name == name:
-            return ResolvedRecipe(name, None, root / r.file_path, False)
+            return ResolvedRecipe(name, None, root / r.file_path, None)
     import difflib
 
     close = difflib.get_close_matches(name, list(RECIPES) + [r.name for r in recipes], n=1)

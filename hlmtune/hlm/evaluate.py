@@ -1,0 +1,467 @@
+"""``hlmtune eval``: the Heart Language Model on unseen patients (MIT-BIH DS2), as a classifier.
+
+The language model is the classifier: for every test beat the prompt of the training dataset
+(signal only, ending in ``<beat?>``) is fed to the model, and its prediction is the class
+token it generates next (greedy, among the dataset's class tokens; how often the unconstrained
+next token was not a class token is reported too). Batched, no gradient.
+
+Outputs in ``--out`` (default ``<output_dir>/eval``): ``metrics.json`` (every figure below),
+``confusion.csv`` and ``confusion.png``, ``report.md`` (the table beside the published
+inter-patient baselines). Per class: sensitivity (Se, recall), positive predictivity (+P,
+precision), F1 and support; macro-F1 over the evaluated classes; accuracy. For the atrial
+fibrillation task: AF Se, +P, F1.
+
+Guards: the test records must not meet the run's training records (:func:`splits.check_disjoint`);
+with ``split: random`` every report's first line says the numbers are not comparable.
+QAT runs (``--quantized``) are also evaluated through their int8/int4 export, beside the same
+model trained without fake quantization and quantized after training (``--ptq-run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+# Published inter-patient results on MIT-BIH DS2 (train DS1), as the papers state them.
+# Se / +P in percent; F1 as a fraction. Only figures the papers give.
+BASELINES: List[Dict[str, Any]] = [
+    {"method": "de Chazal et al. 2004 (linear discriminants)", "S_se": 76.0, "S_ppv": 38.0, "V_se": 77.0, "V_ppv": 82.0},
+    {"method": "Zhang et al. 2014 (feature selection + SVM)", "S_se": 79.1, "S_ppv": 36.0, "V_se": 85.5, "V_ppv": 92.7},
+    {"method": "Niu et al. 2020 (symbolized beats + CNN)", "S_f1": 0.766, "V_f1": 0.897},
+]
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def confusion_matrix(truth: Sequence[int], pred: Sequence[int], n: int) -> List[List[int]]:
+    """Counts ``m[t][p]`` of true class ``t`` predicted as ``p``."""
+    m = [[0] * n for _ in range(n)]
+    for t, p in zip(truth, pred):
+        m[int(t)][int(p)] += 1
+    return m
+
+
+def class_metrics(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Dict[str, Optional[float]]]:
+    """Se, +P, F1 and support per class from a confusion matrix (None where undefined).
+
+    Se = TP / (TP + FN), +P = TP / (TP + FP), F1 = 2 Se +P / (Se + +P).
+    """
+    out: Dict[str, Dict[str, Optional[float]]] = {}
+    n = len(classes)
+    for k, c in enumerate(classes):
+        tp = m[k][k]
+        fn = sum(m[k]) - tp
+        fp = sum(m[t][k] for t in range(n)) - tp
+        se = tp / (tp + fn) if tp + fn else None
+        ppv = tp / (tp + fp) if tp + fp else None
+        f1 = 2 * se * ppv / (se + ppv) if se is not None and ppv is not None and se + ppv > 0 else (0.0 if se is not None else None)
+        out[c] = {"se": se, "ppv": ppv, "f1": f1, "support": tp + fn, "tp": tp, "fn": fn, "fp": fp}
+    return out
+
+
+def summarize(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Any]:
+    """Per-class metrics, macro-F1 over classes with test beats, accuracy."""
+    per = class_metrics(m, classes)
+    f1s = [v["f1"] for v in per.values() if v["support"] and v["f1"] is not None]
+    total = sum(map(sum, m))
+    return {
+        "per_class": per,
+        "macro_f1": sum(f1s) / len(f1s) if f1s else None,
+        "accuracy": sum(m[k][k] for k in range(len(classes))) / total if total else None,
+        "n": total,
+    }
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def _last_export(output_dir: Path) -> Path:
+    epochs = sorted((p for p in output_dir.glob("epoch_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
+    for d in reversed(epochs):
+        for name in ("model-00001-of-00001.bin", "model.pt"):
+            if (d / name).is_file():
+                return d / name
+    raise FileNotFoundError(
+        f"no trained model under {output_dir}/epoch_*/ (model.pt or model-00001-of-00001.bin): train the run first"
+    )
+
+
+def base_builder_config(cfg_model: Any) -> Any:
+    """The plain (no LoRA, no NF4) model config of a ``[q]lora_`` builder config."""
+    from omegaconf import OmegaConf
+
+    comp = str(cfg_model._component_)
+    mod, _, fn = comp.rpartition(".")
+    for prefix in ("qlora_", "lora_"):
+        if fn.startswith(prefix):
+            fn = fn[len(prefix):]
+            break
+    drop = ("lora_", "apply_lora", "quantize_base", "use_dora")
+    kept = {k: v for k, v in OmegaConf.to_container(cfg_model, resolve=True).items()
+            if k != "_component_" and not k.startswith(drop)}
+    return OmegaConf.create({"_component_": f"{mod}.{fn}", **kept})
+
+
+def load_model(cfg: Any, weights: Path, *, quantizer_cfg: Any = None, quantized_weights: bool = False):
+    """The trained model on CPU in eval mode.
+
+    Args:
+        cfg (DictConfig): the run's config.
+        weights (Path): merged float weights, or a quantized state dict.
+        quantizer_cfg (Optional[DictConfig]): a QAT quantizer: build ``prepare`` + ``convert``.
+        quantized_weights (bool): ``weights`` is already quantized (load after convert);
+            otherwise float weights are loaded, then converted (post-training quantization).
+    """
+    import torch
+    from torchtune import config
+
+    from hlmtune._compat import ensure_torchao_aliases
+
+    model_cfg = base_builder_config(cfg.model)
+    with torch.device("cpu"):
+        model = config.instantiate(model_cfg)
+    sd = torch.load(weights, map_location="cpu", weights_only=True)
+    if quantizer_cfg is not None:
+        ensure_torchao_aliases()
+        quantizer = config.instantiate(quantizer_cfg)
+        model = quantizer.prepare(model)
+        if quantized_weights:
+            model = quantizer.convert(model)
+            model.load_state_dict(sd)
+        else:
+            model.load_state_dict(sd)
+            model = quantizer.convert(model)
+    else:
+        model.load_state_dict(sd)
+    model.eval()
+    return model
+
+
+def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, batch_size: int, desc: str) -> Tuple[List[int], int]:
+    """Greedy next token of every prompt among ``choices``, batched.
+
+    Prompts are right-padded (a causal model's earlier positions do not see the padding) and
+    grouped by length so that padding is rare.
+
+    Returns:
+        Tuple[List[int], int]: index into ``choices`` per prompt, and how many prompts' unconstrained
+        argmax was not one of ``choices``.
+    """
+    import torch
+    from tqdm import tqdm
+
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out = [0] * len(prompts)
+    off_vocab = 0
+    choice_t = torch.tensor(list(choices))
+    with torch.inference_mode(), tqdm(total=len(prompts), desc=desc, unit="beat", file=sys.stderr, dynamic_ncols=True) as bar:
+        for b in range(0, len(order), batch_size):
+            idx = order[b : b + batch_size]
+            lens = torch.tensor([len(prompts[i]) for i in idx])
+            width = int(lens.max())
+            x = torch.zeros(len(idx), width, dtype=torch.long)  # pad id 0
+            for r, i in enumerate(idx):
+                x[r, : len(prompts[i])] = torch.tensor(prompts[i])
+            logits = model(x)  # (B, T, V)
+            last = logits[torch.arange(len(idx)), lens - 1]  # (B, V): the next-token distribution
+            free = last.argmax(-1)
+            off_vocab += int((~torch.isin(free, choice_t)).sum())
+            pick = last[:, choice_t].argmax(-1)  # (B,)
+            for r, i in enumerate(idx):
+                out[i] = int(pick[r])
+            bar.update(len(idx))
+    return out, off_vocab
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def _test_dataset(cfg: Any, tokenizer: Any, split: str):
+    """(kind, test dataset, training records) built from the run's dataset section."""
+    from omegaconf import OmegaConf
+
+    from hlmtune.data_builders import ecg as builders
+    from hlmtune.hlm import splits as sp
+
+    ds = OmegaConf.to_container(cfg.dataset, resolve=True)
+    comp = str(ds.pop("_component_")).rsplit(".", 1)[-1]
+    train_split = ds.get("split", sp.TRAIN)
+    manifest, _ = builders._shards(tokenizer, ds.get("shards_dir"))
+    available = [r["record"] for r in manifest["records"]]
+    train_records = sp.resolve_records(split=train_split, records=ds.get("records"), split_file=ds.get("split_file"),
+                                       available=available)
+    if train_split == sp.RANDOM:
+        test_split, test_records = sp.RANDOM, None  # the test beats of the same records
+    else:
+        test_split, test_records = split, None
+        test = sp.resolve_records(split=split, records=None, split_file=ds.get("split_file"), available=available,
+                                  evaluation=True)
+        sp.check_disjoint(train_records, test)
+    if comp in ("ecg_beat_classification_dataset", "ecg_beat_dpo_dataset"):
+        d = builders._classification(
+            tokenizer, shards_dir=ds.get("shards_dir"), split=test_split, records=test_records,
+            split_file=ds.get("split_file"), context_beats=ds.get("context_beats", 16), classes=ds.get("classes"),
+            balance=None, num_examples=None, seed=ds.get("seed", 0),
+            random_test_fraction=ds.get("random_test_fraction", 0.2), evaluation=True,
+        )
+        return "beat", d, train_records
+    if comp == "ecg_af_dataset":
+        recs = test if train_split != sp.RANDOM else train_records
+        d = builders.ECGAFDataset(manifest, recs, segment_beats=ds.get("segment_beats", 41),
+                                  stride_beats=ds.get("stride_beats"), balance=None, num_examples=None, seed=0)
+        return "af", d, train_records
+    raise ValueError(f"hlmtune eval evaluates the HLM's classification datasets; the config's dataset is {comp}")
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _fmt(v: Optional[float], pct: bool = True) -> str:
+    if v is None:
+        return "-"
+    return f"{100 * v:.1f}" if pct else f"{v:.3f}"
+
+
+def baseline_table(results: Dict[str, Dict[str, Any]]) -> str:
+    """Markdown table: our S and V figures per evaluated model beside the published baselines."""
+    lines = [
+        "| method | S Se % | S +P % | S F1 | V Se % | V +P % | V F1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        s, v = r["per_class"].get("S", {}), r["per_class"].get("V", {})
+        lines.append(
+            f"| **{name}** | {_fmt(s.get('se'))} | {_fmt(s.get('ppv'))} | {_fmt(s.get('f1'), False)} | "
+            f"{_fmt(v.get('se'))} | {_fmt(v.get('ppv'))} | {_fmt(v.get('f1'), False)} |"
+        )
+    for b in BASELINES:
+        cell = lambda k, pct: (f"{b[k]:.1f}" if pct else f"{b[k]:.3f}") if k in b else "-"  # noqa: E731
+        lines.append(
+            f"| {b['method']} | {cell('S_se', 1)} | {cell('S_ppv', 1)} | {cell('S_f1', 0)} | "
+            f"{cell('V_se', 1)} | {cell('V_ppv', 1)} | {cell('V_f1', 0)} |"
+        )
+    return "\n".join(lines)
+
+
+def class_table(r: Dict[str, Any]) -> str:
+    """Markdown per-class table of one result."""
+    lines = ["| class | support | Se % | +P % | F1 |", "|---|---|---|---|---|"]
+    for c, v in r["per_class"].items():
+        lines.append(f"| {c} | {v['support']} | {_fmt(v['se'])} | {_fmt(v['ppv'])} | {_fmt(v['f1'], False)} |")
+    lines.append(f"| macro | {r['n']} | | | {_fmt(r['macro_f1'], False)} |")
+    return "\n".join(lines)
+
+
+def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title: str) -> None:
+    """Row-normalised confusion matrix with counts, as PNG (atomic write)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hlmtune._io import atomic_write_bytes
+
+    n = len(classes)
+    rows = [[m[i][j] / max(1, sum(m[i])) for j in range(n)] for i in range(n)]
+    fig, ax = plt.subplots(figsize=(1.2 * n + 2, 1.2 * n + 1.5))
+    ax.imshow(rows, vmin=0, vmax=1, cmap="Blues")
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, f"{m[i][j]}\n{100 * rows[i][j]:.0f}%", ha="center", va="center",
+                    color="white" if rows[i][j] > 0.5 else "black", fontsize=8)
+    ax.set_xticks(range(n), classes)
+    ax.set_yticks(range(n), classes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true (annotation)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def evaluate(
+    cfg: Any, *, split: str = "DS2", batch_size: int = 256, out_dir: Optional[Path] = None,
+    quantized: bool = False, ptq_run: Optional[Path] = None, max_examples: Optional[int] = None,
+) -> Dict[str, Any]:
+    """Evaluate a trained HLM run and write its report.
+
+    Args:
+        cfg (DictConfig): the run's config (as trained; ``output_dir`` holds its exports).
+        split (str): test split (``DS2``); ignored for ``split: random`` runs (their test beats).
+        batch_size (int): prompts per forward pass.
+        out_dir (Optional[Path]): where to write (default ``<output_dir>/eval``).
+        quantized (bool): also evaluate ``<output_dir>/quantized/*.pt`` (QAT runs).
+        ptq_run (Optional[Path]): output_dir of the same model trained without fake quantization:
+            its float weights are quantized after training and evaluated beside the QAT export.
+        max_examples (Optional[int]): evaluate only the first N test examples (smoke runs; the
+            report says so).
+
+    Returns:
+        Dict[str, Any]: what ``metrics.json`` holds.
+    """
+    import torch
+    from torchtune import config
+
+    from hlmtune._io import atomic_write_bytes
+    from hlmtune.hlm import splits as sp
+
+    torch.manual_seed(0)
+    tokenizer = config.instantiate(cfg.tokenizer)
+    kind, ds, train_records = _test_dataset(cfg, tokenizer, split)
+    random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
+    n = len(ds) if max_examples is None else min(len(ds), int(max_examples))
+    prompts = [ds.prompt(k) for k in range(n)]
+    if kind == "beat":
+        classes = list(ds.classes)
+        v = ds.vocab
+        choices = [v.label_base + v.classes.index(c) for c in classes]
+        truth = [classes.index(ds.label_of(k)) for k in range(n)]
+    else:
+        classes = ["AF", "not AF"]
+        choices = [ds.yes_id, ds.no_id]
+        truth = [0 if ds.is_af(k) else 1 for k in range(n)]
+    output_dir = Path(cfg.output_dir)
+    out = Path(out_dir) if out_dir is not None else output_dir / "eval"
+    models: List[Tuple[str, Path, Any, bool]] = [("HLM (this run)", _last_export(output_dir), None, False)]
+    if quantized:
+        qfiles = sorted((output_dir / "quantized").glob("*.pt"))
+        if not qfiles:
+            raise FileNotFoundError(f"--quantized: no quantized export in {output_dir / 'quantized'} (a QAT run writes one)")
+        qcfg = cfg.get("quantize", {}).get("quantizer", None) or cfg.quantizer
+        models = [("float (QAT-trained)", models[0][1], None, False), ("int4 weights, QAT", qfiles[-1], qcfg, True)]
+        if ptq_run is not None:
+            models.append(("int4 weights, post-training (no QAT)", _last_export(Path(ptq_run)), qcfg, False))
+    results: Dict[str, Dict[str, Any]] = {}
+    for name, weights, qcfg, is_q in models:
+        model = load_model(cfg, weights, quantizer_cfg=qcfg, quantized_weights=is_q)
+        pred, off = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}")
+        m = confusion_matrix(truth, pred, len(classes))
+        r = summarize(m, classes)
+        r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off})
+        results[name] = r
+        del model
+    first = results[models[0][0]] if not quantized else results[models[1][0]]
+    notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
+        f"Inter-patient evaluation: trained on {len(train_records)} records "
+        f"({'DS1' if cfg.dataset.get('split_file') is None else 'split file DS1'}), tested on {split} (unseen patients)"
+    )
+    subset = f"; first {n} of {len(ds)} test examples only (smoke run)" if n < len(ds) else ""
+    metrics = {
+        "split_kind": "random_beats" if random_split else "inter_patient",
+        "notice": notice + subset,
+        "task": kind,
+        "test_split": sp.RANDOM if random_split else split,
+        "train_records": list(train_records),
+        "n_examples": n,
+        "n_test_examples": len(ds),
+        "classes": classes,
+        "results": results,
+        "baselines": BASELINES if kind == "beat" else [],
+        "config": {"model": str(cfg.model._component_), "dataset": str(cfg.dataset._component_)},
+    }
+    if kind == "af":
+        for r in results.values():
+            r["af_f1"] = r["per_class"]["AF"]["f1"]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "metrics.json", (json.dumps(metrics, indent=1, sort_keys=True) + "\n").encode())
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["true \\ predicted", *classes])
+    for c, row in zip(classes, first["confusion"]):
+        w.writerow([c, *row])
+    atomic_write_bytes(out / "confusion.csv", buf.getvalue().encode())
+    plot_confusion(first["confusion"], classes, out / "confusion.png", notice[:90])
+    md = [f"**{notice}**{subset}", "", f"# HLM evaluation: {cfg.model._component_}", ""]
+    for name, r in results.items():
+        md += [f"## {name}", "", class_table(r), "",
+               f"Next token outside the class tokens (unconstrained argmax): {r['off_vocabulary_argmax']} of {r['n']}.", ""]
+    if kind == "beat":
+        md += ["## Beside the published inter-patient baselines (MIT-BIH DS1 -> DS2)", "",
+               baseline_table(results), "",
+               "Baseline figures as the papers state them; ours from `metrics.json`."
+               + (" Not comparable: random beat split." if random_split else ""), ""]
+    md += ["![confusion matrix](confusion.png)", ""]
+    atomic_write_bytes(out / "report.md", "\n".join(md).encode())
+    metrics["out_dir"] = str(out)
+    return metrics
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: Any) -> None:
+    """Add ``hlmtune eval``."""
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate a trained Heart Language Model on unseen patients (MIT-BIH DS2)",
+        description=(
+            "Evaluate a trained HLM run: per-class sensitivity, positive predictivity and F1, macro-F1 and "
+            "the confusion matrix on the test split, beside the published inter-patient baselines. The LM is "
+            "the classifier: its next token after <beat?> is the prediction. Writes metrics.json, "
+            "confusion.csv/.png and report.md to --out (default <output_dir>/eval)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("config", help="the run's config: pack name (ecg_lora), YAML path, or a run's output_dir "
+                                   "(reads its torchtune_config.yaml)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, as given to `hlmtune run`")
+    p.add_argument("--split", default="DS2", help="test split (DS2 = MIT-BIH inter-patient test records)")
+    p.add_argument("--batch-size", type=int, default=256, help="prompts per forward pass")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default <output_dir>/eval)")
+    p.add_argument("--quantized", action="store_true", help="QAT run: also evaluate its int8/int4 export")
+    p.add_argument("--ptq-run", type=Path, default=None,
+                   help="with --quantized: output_dir of the same model trained without fake quantization; "
+                        "it is quantized after training and evaluated beside the QAT export")
+    p.add_argument("--max-examples", type=int, default=None, help="only the first N test examples (smoke runs)")
+    p.set_defaults(func=_main)
+
+
+def load_run_config(target: str, overrides: Sequence[str]) -> Any:
+    """A run's config from a pack name, a YAML path or a run folder, with overrides applied."""
+    from omegaconf import OmegaConf
+
+    from hlmtune._compat import load_config
+    from hlmtune.registry import resolve_config
+
+    p = Path(target)
+    if p.is_dir():
+        p = p / "torchtune_config.yaml"
+        if not p.is_file():
+            raise FileNotFoundError(f"{target}: no torchtune_config.yaml (give the run's config instead)")
+    else:
+        p = resolve_config(target)
+    cfg = load_config(str(p), list(overrides))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def _main(args: argparse.Namespace) -> int:
+    from hlmtune.hlm.splits import SplitError
+
+    if args.batch_size < 1:
+        print("hlmtune eval: --batch-size must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_run_config(args.config, args.overrides)
+        metrics = evaluate(cfg, split=args.split, batch_size=args.batch_size, out_dir=args.out,
+                           quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples)
+    except (FileNotFoundError, SplitError, ValueError) as e:
+        print(f"hlmtune eval: {e}", file=sys.stderr)
+        return 2
+    print(metrics["notice"])
+    for name, r in metrics["results"].items():
+        print(f"\n{name}")
+        print(class_table(r))
+    if metrics["task"] == "beat":
+        print("\n" + baseline_table(metrics["results"]))
+    print(f"\nreport: {Path(metrics['out_dir']) / 'report.md'}")
+    return 0
