@@ -17,11 +17,15 @@ cuda_gpu_mem_size_sum Total (MB), Count, Avg (MB), Med (MB), Min (MB), Max (MB),
                       StdDev (MB), Operation
 ===================== =======================================================================
 
-Before 2021.x the reports were ``cudaapisum``, ``gpukernsum``, ``gpumemtimesum``,
-``gpumemsizesum`` with ``Time(%)``, ``Calls`` / ``Operations``, ``Average``, ``Minimum``,
-``Maximum`` and sizes in KiB (``Total``); both spellings are accepted. Memory operations are
-``[CUDA memcpy Host-to-Device]`` (older: ``[CUDA memcpy HtoD]``), ``Device-to-Host``,
-``Device-to-Device``, ``Peer-to-Peer``, ``[CUDA memset]``. MB in these reports is 10^6 bytes.
+Report names: later releases call them as above; Nsight Systems 2022.4.2 (the Debian bookworm
+``nsight-systems`` package, run here to write ``tests/fixtures/nsys/nsys_2022.4.2``) still calls
+them ``cudaapisum``, ``gpukernsum``, ``gpumemtimesum``, ``gpumemsizesum`` but already prints the
+columns above (its kernel summary adds ``GridXYZ``, ``BlockXYZ`` before ``Name``; it strips API
+version suffixes such as ``_v7000`` itself). Older releases printed ``Time(%)``, ``Calls`` /
+``Operations``, ``Average``, ``Minimum``, ``Maximum`` and sizes in KiB (``Total``); every
+spelling is accepted. Memory operations are ``[CUDA memcpy HtoD]`` (2022.4; later:
+``[CUDA memcpy Host-to-Device]``), ``DtoH``, ``DtoD``, ``PtoP``, ``[CUDA memset]``. MB in these
+reports is 10^6 bytes, printed with 3 decimals (a few bytes read as 0.000).
 
 SQLite export (``nsys export --type sqlite``; ``nsys stats`` writes it next to the report):
 ``StringIds(id, value)``, ``CUPTI_ACTIVITY_KIND_RUNTIME(start, end, nameId, globalTid)``,
@@ -246,7 +250,8 @@ def parse_sqlite(path: str | os.PathLike) -> Dict[str, Dict[str, List[Dict[str, 
         dict also holds ``"_pid"`` -> [{"pid": ...}].
 
     Raises:
-        NsysFormatError: not an nsys export (no ``StringIds`` table).
+        NsysFormatError: not an nsys export (no ``StringIds`` table), or an export without
+            CUDA trace data (no ``CUPTI_ACTIVITY_KIND_*`` table).
     """
     path = Path(path)
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -254,6 +259,11 @@ def parse_sqlite(path: str | os.PathLike) -> Dict[str, Dict[str, List[Dict[str, 
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "StringIds" not in tables:
             raise NsysFormatError(f"{path}: no StringIds table: not an nsys SQLite export")
+        if not any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
+            # What nsys stats itself answers ("does not contain CUDA trace data"): e.g. a run
+            # profiled without -t cuda, or on a machine without a GPU.
+            raise NsysFormatError(f"{path}: no CUDA trace data (no CUPTI_ACTIVITY_KIND_* table): "
+                                  "profile on a GPU with nsys profile -t cuda")
         strings = dict(con.execute("SELECT id, value FROM StringIds"))
 
         def cols(t: str) -> set:

@@ -271,3 +271,59 @@ def test_profile_nsys_runs_profile_then_stats_and_parses(tmp_path: Path, monkeyp
     head = _head(s, "all")
     raw = {normalize_api_name(r["Name"]): r for r in _csv("report_rank0_cuda_api_sum.csv")}
     assert head["cudaStreamSynchronize"]["calls"] == int(raw["cudaStreamSynchronize"]["Num Calls"])
+
+
+# --------------------------------------------------------------------------- real nsys output
+REAL = FIX / "nsys_2022.4.2"
+
+
+def _known_events() -> Dict[str, Dict[str, float]]:
+    """The CUDA events add_cuda_events.py wrote, recomputed here: name -> seconds, calls, bytes."""
+    out: Dict[str, Dict[str, float]] = {}
+    api = {"cudaLaunchKernel": (100, 5_000), "cudaStreamSynchronize": (10, 200_000), "cudaMemcpyAsync": (25, 8_000),
+           "cudaEventSynchronize": (4, 50_000), "cudaEventDestroy": (4, 1_000)}
+    for name, (n, d) in api.items():  # durations d + (i % 3) * 10 ns
+        out[name] = {"seconds": sum(d + (i % 3) * 10 for i in range(n)) * 1e-9, "calls": n}
+    kern = {"nccl_AllReduce": (10, 1_000_000), "nccl_AllGather": (8, 600_000), "nccl_ReduceScatter": (8, 700_000)}
+    for name, (n, d) in kern.items():  # durations d + (i % 2) * 100 ns
+        out[name] = {"seconds": sum(d + (i % 2) * 100 for i in range(n)) * 1e-9, "calls": n}
+    for name, n, d, b in (("memcpy_HtoD", 20, 100_000, 1_000_000), ("memcpy_DtoH", 5, 3_000, 4), ("memcpy_DtoD", 6, 20_000, 2_000_000)):
+        out[name] = {"seconds": n * d * 1e-9, "calls": n, "bytes": n * b}
+    return out
+
+
+@pytest.mark.parametrize("source", ["csv", "sqlite"])
+def test_real_nsys_2022_4_output_gives_the_known_events(source: str) -> None:
+    """Files written by Nsight Systems 2022.4.2 itself (Debian bookworm non-free package): its
+    ``nsys stats`` reports ``cudaapisum/gpukernsum/gpumemtimesum/gpumemsizesum`` and its SQLite
+    export, holding CUDA events of known length (see nsys_2022.4.2/README in fixtures)."""
+    files = sorted(REAL.glob("report_rank*_*.csv")) if source == "csv" else sorted(REAL.glob("report_rank*.sqlite"))
+    s = summarize_path(files)
+    assert s["source"] == f"nsys-{source}" and set(s["ranks"]) == {"0", "1"}
+    known = _known_events()
+    for rank in ("0", "1"):
+        head = _head(s, rank)
+        assert set(head) == set(known)
+        for name, k in known.items():
+            assert head[name]["seconds"] == pytest.approx(k["seconds"], rel=1e-9), name
+            assert head[name]["calls"] == k["calls"], name
+            if "bytes" in k and (source == "sqlite" or k["bytes"] >= 1e6):
+                # nsys stats prints sizes in MB with 3 decimals: 20 bytes of DtoH read as 0.000.
+                assert head[name]["bytes"] == pytest.approx(k["bytes"]), name
+        assert sum(r["share"] for r in head.values() if r["category"] == "cuda_api") == pytest.approx(1.0)
+
+
+def test_real_nsys_header_layout_of_2022_4() -> None:
+    """2022.4 still names the reports cudaapisum ... but prints the new columns, and its kernel
+    summary has GridXYZ / BlockXYZ before Name."""
+    with open(REAL / "report_rank0_cudaapisum.csv", newline="") as f:
+        assert next(csv.reader(f)) == ["Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", "Med (ns)", "Min (ns)",
+                                       "Max (ns)", "StdDev (ns)", "Name"]
+    with open(REAL / "report_rank0_gpukernsum.csv", newline="") as f:
+        assert next(csv.reader(f))[-3:] == ["GridXYZ", "BlockXYZ", "Name"]
+
+
+def test_real_cpu_only_export_is_a_clear_error() -> None:
+    """A real nsys 2022.4.2 export of a run without CUDA (this machine has no GPU)."""
+    with pytest.raises(NsysFormatError, match="cpu_only.sqlite: no CUDA trace data"):
+        parse_sqlite(REAL / "cpu_only.sqlite")
