@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
 
 # Names accepted by --dataset (kept here, not imported from report.py, to stay import-light;
 # tests check they match report.BUILDERS).
@@ -43,23 +45,77 @@ def parse_dataset_arg(value: str, *, split: str = "train") -> Dict[str, Any]:
     return spec
 
 
-def _tokenizer_arg(value: str) -> Any:
-    """``--tokenizer``: a tokenizer.model path, a YAML file with a ``tokenizer`` section (a
-    recipe config) or a ``_component_`` spec, or an inline YAML/JSON mapping."""
+def _tokenizer_arg(value: str, sets: Sequence[str] = ()) -> Any:
+    """``--tokenizer``: a tokenizer.model path, a pack config name or YAML file with a
+    ``tokenizer`` section (a recipe config) or a ``_component_`` spec, or an inline YAML/JSON
+    mapping. A config is read whole, so ``${model_dir}``-style paths resolve; ``sets``
+    (``--set KEY=VALUE``) override its keys first."""
     import yaml
 
     if value.lstrip().startswith("{"):
         return yaml.safe_load(value)
+    path = _config_file(value)
+    if path is None:
+        if sets:
+            raise ValueError(f"--set applies to a --tokenizer config, but {value} is not one (a .yaml file or pack config name)")
+        return value
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
+
+    from hlmtune._compat import yaml_error_line
+
+    try:
+        cfg = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        raise ValueError(f"--tokenizer {yaml_error_line(str(path), e)}") from None
+    if not OmegaConf.is_dict(cfg):
+        raise ValueError(f"--tokenizer {path}: expected a YAML mapping")
+    bad = [s for s in sets if "=" not in s]
+    if bad:
+        raise ValueError(f"--set {bad[0]}: expected KEY=VALUE (e.g. --set model_dir=/models/llama3)")
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(sets)))
+    key = "tokenizer" if "tokenizer" in cfg else None
+    node = cfg[key] if key else cfg
+    where = f"--tokenizer {value}"
+    if not OmegaConf.is_dict(node) or "_component_" not in node:
+        raise ValueError(f"{where}: no tokenizer _component_ found (top level or under 'tokenizer')")
+    raw = OmegaConf.to_container(node, resolve=False)
+    spec = {}
+    for k in raw:
+        name = f"{key}.{k}" if key else k
+        try:
+            v = node[k]  # resolved against the whole config: ${model_dir} is a top-level key
+            spec[k] = OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+        except (InterpolationKeyError, InterpolationResolutionError) as e:
+            refs = _REF.findall(str(raw[k])) or ["..."]
+            raise ValueError(
+                f"{where}: {name} needs '{refs[0]}', which the config does not set ({type(e).__name__}): "
+                f"add --set {refs[0]}=..."
+            ) from None
+        if k in _TOKENIZER_FILES and isinstance(spec[k], str) and not os.path.exists(spec[k]):
+            refs = _REF.findall(str(raw[k]))
+            fix = f"give --set {refs[0]}=<folder> (now {OmegaConf.select(cfg, refs[0])})" if refs else f"fix {name} in the config"
+            raise ValueError(f"{where}: {name} {spec[k]} does not exist: {fix}")
+    return spec
+
+
+# ``${model_dir}`` references in a config value (the keys a user can --set).
+_REF = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+_TOKENIZER_FILES = ("path", "special_tokens_path", "merges_file", "vocab_path")
+
+
+def _config_file(value: str) -> Optional[Path]:
+    """The YAML file ``--tokenizer`` names (a path or a pack config name), or None (a tokenizer file)."""
     if value.endswith((".yaml", ".yml")):
-        with open(value, "r", encoding="utf-8") as f:
-            cfg = yaml.safe_load(f)
-        if not isinstance(cfg, dict):
-            raise ValueError(f"{value}: expected a YAML mapping")
-        spec = cfg.get("tokenizer", cfg)
-        if not isinstance(spec, dict) or "_component_" not in spec:
-            raise ValueError(f"{value}: no tokenizer _component_ found (top level or under 'tokenizer')")
-        return spec
-    return value
+        if not os.path.isfile(value):
+            raise ValueError(f"--tokenizer {value}: no such file")
+        return Path(value)
+    if os.path.exists(value):
+        return None
+    from hlmtune.registry import config_path
+
+    path = config_path(value)
+    return path if path is not None and path.exists() else None
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
@@ -92,11 +148,14 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
         "--tokenizer",
         required=True,
         help=(
-            "Llama3 tokenizer.model path, a YAML file (recipe config with a 'tokenizer' section, "
-            "or a _component_ spec), or an inline mapping such as "
+            "Llama3 tokenizer.model path, a pack config name (e.g. llama3_8b_lora_alpaca) or YAML file "
+            "(recipe config with a 'tokenizer' section, or a _component_ spec; its ${model_dir}-style "
+            "paths resolve, see --set), or an inline mapping such as "
             "'{_component_: torchtune.models.llama3.llama3_tokenizer, path: /m/tokenizer.model}'"
         ),
     )
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of the --tokenizer config, repeatable (e.g. --set model_dir=/models/llama3)")
     p.add_argument("--special-tokens-path", default=None, help="special tokens tokenizer.json for a tokenizer.model path")
     p.add_argument("--max-seq-len", type=int, default=None, help="length above which a row counts as truncated (default: the tokenizer's)")
     p.add_argument("--split", default="train", help="split to load")
@@ -117,18 +176,20 @@ def run(args: argparse.Namespace) -> int:
         args (argparse.Namespace): parsed arguments.
 
     Returns:
-        int: 0 on success, 2 on bad input (unknown dataset, missing file, bad row).
+        int: 0 on success, 2 on bad input (unknown dataset, missing file, bad row). A dataset
+        that fails is reported on stderr (and as "failed" in --json, a last line of the
+        Markdown table); the datasets that finished are still in the report.
     """
     try:
         specs: List[Dict[str, Any]] = [parse_dataset_arg(v, split=args.split) for v in args.dataset]
-        tokenizer = _tokenizer_arg(args.tokenizer)
+        tokenizer = _tokenizer_arg(args.tokenizer, args.sets)
     except (argparse.ArgumentTypeError, ValueError, OSError) as e:
         print(f"hlmtune data-report: error: {e}", file=sys.stderr)
         return 2
 
-    from hlmtune.data_builders.loading import BadRowError
-    from hlmtune.data_builders.report import format_report, token_count_report, write_report_json, atomic_write_text
+    from hlmtune.data_builders.report import atomic_write_text, format_report, token_count_report, write_report_json
 
+    failures: List[Dict[str, Any]] = []
     try:
         rows = token_count_report(
             datasets=specs,
@@ -139,18 +200,32 @@ def run(args: argparse.Namespace) -> int:
             subset_seed=args.subset_seed,
             on_bad_row=args.on_bad_row,
             progress=not args.no_progress,
+            failures=failures,  # a dataset that fails does not cost the ones already counted
         )
-    except (BadRowError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # the tokenizer itself
         print(f"hlmtune data-report: error: {e}", file=sys.stderr)
         return 2
+    failed = [{"dataset": str(f["dataset"]), "error": _error_line(f["error"])} for f in failures]
     table = format_report(rows, args.format)
+    if failed and args.format == "markdown":
+        # The table holds only the datasets that finished: say so in it, not only on stderr.
+        table += "\nIncomplete: " + "; ".join(f"{f['dataset']} failed ({f['error']})" for f in failed) + "\n"
     if args.output:
         atomic_write_text(args.output, table)
     else:
         sys.stdout.write(table)
     if args.json_path:
-        write_report_json(rows, args.json_path)
-    return 0
+        write_report_json(rows, args.json_path, failed)
+    for f in failed:
+        print(f"hlmtune data-report: error: {f['dataset']}: {f['error']}", file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _error_line(e: BaseException) -> str:
+    """The message of a dataset's error, with the hint a command-line user can act on."""
+    if getattr(e, "skippable", False):  # BadRowError: name the flag, not the config key
+        return f"{e.problem} (rerun with --on-bad-row skip to skip and count bad rows)"
+    return str(e)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -47,7 +47,20 @@ RowCheck = Callable[[Mapping[str, Any]], Optional[str]]
 
 
 class BadRowError(ValueError):
-    """A row failed validation; the message names the file (or hub dataset) and the row."""
+    """A row failed validation; the message names the file (or hub dataset) and the row.
+
+    Args:
+        problem (str): where and what (file, row, line, reason).
+        skippable (bool): ``on_bad_row="skip"`` would drop the row; the message then says so
+            in config terms, and :attr:`problem` lets a command line name its own flag.
+    """
+
+    SKIP_HINT = "set on_bad_row='skip' to skip and count bad rows"
+
+    def __init__(self, problem: str, *, skippable: bool = False) -> None:
+        super().__init__(f"{problem} ({self.SKIP_HINT})" if skippable else problem)
+        self.problem = problem
+        self.skippable = skippable
 
 
 @dataclass
@@ -286,7 +299,7 @@ def _load_json_by_lines(
             continue
         message = f"{_file_row(path, row, line)}: {problem}"
         if on_bad_row == "error":
-            raise BadRowError(message) from original_error
+            raise BadRowError(message, skippable=True) from original_error
         skipped += 1
         if len(examples) < _LOG_EXAMPLES:
             examples.append(message)
@@ -492,7 +505,7 @@ def prepare_rows(
             if problem is not None:
                 message = f"{loaded.where(index)}: {problem}"
                 if on_bad_row == "error":
-                    raise BadRowError(f"{name}: {message} (set on_bad_row='skip' to skip and count bad rows)")
+                    raise BadRowError(f"{name}: {message}", skippable=True)
                 skipped += 1
                 if len(examples) < _LOG_EXAMPLES:
                     examples.append(message)

@@ -179,6 +179,7 @@ def token_count_report(
     subset_seed: int = 0,
     on_bad_row: Optional[str] = None,
     progress: bool = True,
+    failures: Optional[List[Dict[str, Any]]] = None,
 ) -> List[Dict[str, Any]]:
     """Token counts per dataset and template.
 
@@ -197,13 +198,14 @@ def token_count_report(
         subset_seed (int): default ``subset_seed`` for specs without one.
         on_bad_row (Optional[str]): default ``on_bad_row`` for specs without one.
         progress (bool): tqdm bar on stderr. Default True.
+        failures (Optional[List[Dict[str, Any]]]): when given, a dataset that fails (bad row,
+            missing file, bad spec) is appended here as ``{"dataset", "error"}`` (the
+            exception) and the other datasets are still reported; when None it raises.
 
     Returns:
         List[Dict[str, Any]]: one dict per (dataset, template) with the keys of ``COLUMNS``.
     """
     from torchtune.data import CROSS_ENTROPY_IGNORE_IDX
-    from torchtune.datasets import PreferenceDataset
-    from tqdm.auto import tqdm
 
     assert CROSS_ENTROPY_IGNORE_IDX == _IGNORE
     tok = resolve_tokenizer(tokenizer, special_tokens_path=special_tokens_path, max_seq_len=max_seq_len)
@@ -215,39 +217,57 @@ def token_count_report(
 
     report: List[Dict[str, Any]] = []
     for spec in _normalize_specs(datasets):
-        name, builder = _builder_for(spec)
-        kwargs = {k: v for k, v in spec.items() if k not in ("name", "_component_", "template")}
-        if subset_size is not None:
-            kwargs.setdefault("subset_size", subset_size)
-        kwargs.setdefault("subset_seed", subset_seed)
-        if on_bad_row is not None:
-            kwargs.setdefault("on_bad_row", on_bad_row)
-        kwargs["train_on_input"] = False  # the mask must separate prompt from target
-        kwargs["packed"] = False
-        ds = builder(full, **kwargs)
-        is_pref = isinstance(ds, PreferenceDataset)
-        template = spec.get("template") or TEMPLATES.get(name, "custom")
-        sides = ("chosen", "rejected") if is_pref else ("",)
-        stats = {side: ([], [], []) for side in sides}
-        for i in tqdm(range(len(ds)), desc=f"{name}: counting tokens", unit="row", disable=not progress):
-            sample = ds[i]
-            for side in sides:
-                tokens = sample[f"{side}_input_ids"] if side else sample["tokens"]
-                labels = sample[f"{side}_labels"] if side else sample["labels"]
-                target = sum(1 for x in labels if x != _IGNORE)
-                lengths, prompts, targets = stats[side]
-                lengths.append(len(tokens))
-                prompts.append(len(tokens) - target)
-                targets.append(target)
+        try:
+            report.extend(_dataset_rows(spec, full, limit, subset_size, subset_seed, on_bad_row, progress))
+        except (ValueError, OSError) as e:  # BadRowError is a ValueError
+            if failures is None:
+                raise
+            failures.append({"dataset": spec.get("name") or spec.get("_component_"), "error": e})
+    return report
+
+
+def _dataset_rows(
+    spec: Dict[str, Any], full: Any, limit: Optional[int], subset_size: Optional[int], subset_seed: int,
+    on_bad_row: Optional[str], progress: bool,
+) -> List[Dict[str, Any]]:
+    """Report rows of one dataset spec (see :func:`token_count_report`)."""
+    from torchtune.datasets import PreferenceDataset
+    from tqdm.auto import tqdm
+
+    report: List[Dict[str, Any]] = []
+    name, builder = _builder_for(spec)
+    kwargs = {k: v for k, v in spec.items() if k not in ("name", "_component_", "template")}
+    if subset_size is not None:
+        kwargs.setdefault("subset_size", subset_size)
+    kwargs.setdefault("subset_seed", subset_seed)
+    if on_bad_row is not None:
+        kwargs.setdefault("on_bad_row", on_bad_row)
+    kwargs["train_on_input"] = False  # the mask must separate prompt from target
+    kwargs["packed"] = False
+    ds = builder(full, **kwargs)
+    is_pref = isinstance(ds, PreferenceDataset)
+    template = spec.get("template") or TEMPLATES.get(name, "custom")
+    sides = ("chosen", "rejected") if is_pref else ("",)
+    stats = {side: ([], [], []) for side in sides}
+    for i in tqdm(range(len(ds)), desc=f"{name}: counting tokens", unit="row", disable=not progress):
+        sample = ds[i]
         for side in sides:
-            row = {
-                "dataset": name,
-                "template": f"{template} ({side})" if side else template,
-                "source": ds.source_label,
-                "skipped_rows": ds.skipped_rows,
-            }
-            row.update(summarize_lengths(*stats[side], limit))
-            report.append({k: row[k] for k in COLUMNS})
+            tokens = sample[f"{side}_input_ids"] if side else sample["tokens"]
+            labels = sample[f"{side}_labels"] if side else sample["labels"]
+            target = sum(1 for x in labels if x != _IGNORE)
+            lengths, prompts, targets = stats[side]
+            lengths.append(len(tokens))
+            prompts.append(len(tokens) - target)
+            targets.append(target)
+    for side in sides:
+        row = {
+            "dataset": name,
+            "template": f"{template} ({side})" if side else template,
+            "source": ds.source_label,
+            "skipped_rows": ds.skipped_rows,
+        }
+        row.update(summarize_lengths(*stats[side], limit))
+        report.append({k: row[k] for k in COLUMNS})
     return report
 
 
@@ -285,6 +305,18 @@ def format_report(rows: Iterable[Mapping[str, Any]], fmt: str = "markdown") -> s
     return "\n".join(lines) + "\n"
 
 
-def write_report_json(rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]) -> None:
-    """Write the report as JSON (``{"columns": [...], "rows": [...]}``), atomically."""
-    atomic_write_text(path, json.dumps({"columns": list(COLUMNS), "rows": list(rows)}, indent=2) + "\n")
+def write_report_json(
+    rows: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike], failed: Sequence[Mapping[str, str]] = ()
+) -> None:
+    """Write the report as JSON (``{"columns": [...], "rows": [...]}``), atomically.
+
+    Args:
+        rows (Sequence[Mapping[str, Any]]): :func:`token_count_report` output.
+        path (Union[str, os.PathLike]): destination.
+        failed (Sequence[Mapping[str, str]]): datasets left out (``{"dataset", "error"}``):
+            written as ``"failed"`` so an incomplete report never looks complete.
+    """
+    body: Dict[str, Any] = {"columns": list(COLUMNS), "rows": list(rows)}
+    if failed:
+        body["failed"] = [dict(f) for f in failed]
+    atomic_write_text(path, json.dumps(body, indent=2) + "\n")

@@ -132,3 +132,59 @@ def test_tokenizer_from_yaml(text_data_dir: Path, tmp_path: Path, tiny_tok, caps
     assert main(argv) == 0
     row = capsys.readouterr().out.splitlines()[1].split(",")
     assert row[-2] == "64" and int(row[-1]) == 13  # every slimorca row is longer than 64 tokens
+
+
+def _write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bad_row_keeps_finished_datasets_and_names_the_flag(tmp_path: Path, tiny_tok, capsys: pytest.CaptureFixture) -> None:
+    """A bad row in one dataset must not throw away the datasets already counted."""
+    from hlmtune.cli import main
+
+    samsum = _write_jsonl(tmp_path / "samsum.jsonl", [
+        {"id": str(i), "dialogue": f"A: hello {i}\r\nB: hi", "summary": f"A greets B {i}."} for i in range(3)])
+    turns = [{"role": "user", "content": "where is it?"}, {"role": "assistant", "content": "here"}]
+    empty_end = turns[:1] + [{"role": "assistant", "content": ""}]  # HH-RLHF line 87 has this
+    hh = _write_jsonl(tmp_path / "hh.jsonl", [{"chosen": turns, "rejected": turns},
+                                              {"chosen": empty_end, "rejected": turns}])
+    out_json = tmp_path / "report.json"
+    argv = ["data-report", "--tokenizer", tiny_tok["path"], "--special-tokens-path", tiny_tok["special_tokens_path"],
+            "--dataset", f"samsum={samsum}", "--dataset", f"hh_rlhf={hh}", "--json", str(out_json), "--no-progress"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert "| samsum | summarize |" in out and "hh_rlhf" in out.split("|---")[-1]  # the table, then the failure
+    assert f"{hh} row 1 (0-based), line 2" in err and "--on-bad-row skip" in err and "on_bad_row=" not in err
+    data = json.loads(out_json.read_text())
+    assert [r["dataset"] for r in data["rows"]] == ["samsum"] and data["failed"][0]["dataset"] == "hh_rlhf"
+    assert main(argv + ["--on-bad-row", "skip"]) == 0
+    assert "failed" not in json.loads(out_json.read_text())
+
+
+def test_tokenizer_from_a_pack_config(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`--tokenizer tiny_lora` (a pack config: its tokenizer paths interpolate model_dir)."""
+    import shutil
+
+    from hlmtune.cli import main
+    from hlmtune.registry import config_path
+    from hlmtune.tiny import write_tiny_tokenizer
+
+    model = tmp_path / "model"
+    write_tiny_tokenizer(model / "original")
+    samsum = _write_jsonl(tmp_path / "samsum.jsonl", [{"id": "1", "dialogue": "A: hi\r\nB: hello", "summary": "Greetings."}])
+    base = ["data-report", "--dataset", f"samsum={samsum}", "--format", "csv", "--no-progress"]
+    cfg = tmp_path / "tiny_lora.yaml"
+    shutil.copy(config_path("tiny_lora"), cfg)
+    for tok in ("tiny_lora", str(cfg)):
+        assert main(base + ["--tokenizer", tok, "--set", f"model_dir={model}"]) == 0, capsys.readouterr().err
+        row = capsys.readouterr().out.splitlines()[1].split(",")
+        assert row[0] == "samsum" and row[-2] == "256"  # the config's tokenizer.max_seq_len
+    assert main(base + ["--tokenizer", str(cfg), "--set", f"model_dir={tmp_path / 'nowhere'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"tokenizer.path {tmp_path / 'nowhere'}/original/tokenizer.model does not exist" in err
+    assert "--set model_dir=" in err and len(err.strip().splitlines()) == 1
+    cfg.write_text("tokenizer:\n  _component_: torchtune.models.llama3.llama3_tokenizer\n  path: ${model_dir}/t.model\n")
+    assert main(base + ["--tokenizer", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.path needs 'model_dir'" in err and "--set model_dir=" in err
