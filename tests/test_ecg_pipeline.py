@@ -143,30 +143,6 @@ def test_interrupted_run_leaves_no_manifest(db, tmp_path, monkeypatch):
     assert s.ok and len(s.done) == 2 and len(s.skipped) == 1  # the record finished before the crash is kept
 
 
-def _children(pid: int) -> list:
-    """Live child processes of ``pid`` (from /proc; zombies count as gone)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_workers_die_with_a_killed_parent(tmp_path):
     """SIGKILL of `hlmtune tokenize` (no cleanup runs) must not leave its forked workers behind."""
@@ -174,6 +150,8 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     import subprocess
     import sys
     import time
+
+    from proc_utils import alive, children
 
     # Workers that take long over each record, so they are alive when the parent is killed.
     script = (
@@ -192,15 +170,15 @@ def test_workers_die_with_a_killed_parent(tmp_path):
         workers = []
         while len(workers) < 2 and time.time() < deadline:
             time.sleep(0.2)
-            workers = _children(proc.pid)
+            workers = children(proc.pid)
         assert len(workers) >= 2, "the pool did not start"
         time.sleep(0.5)  # let the workers reach their task
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.time() + 10
-        while any(_alive(w) for w in workers) and time.time() < deadline:
+        while any(alive(w) for w in workers) and time.time() < deadline:
             time.sleep(0.1)
-        survivors = [w for w in workers if _alive(w)]
+        survivors = [w for w in workers if alive(w)]
         for w in survivors:  # clean up before failing
             os.kill(w, signal.SIGKILL)
         assert not survivors, f"workers {survivors} outlived their parent"
