@@ -274,3 +274,23 @@ def test_pack_recipe_one_and_two_ranks_collected(tmp_path: Path, text_data_dir: 
     assert float(rows[2]["overhead_s"]) == pytest.approx(T2 - T1 / 2)
     for png in ("iteration_time_vs_devices.png", "speedup_efficiency_vs_devices.png", "overhead_vs_devices.png"):
         assert (tmp_path / "table" / png).stat().st_size > 5000
+
+
+def test_readme_profiling_loop_gets_speedup_and_per_device_batch_with_a_step_limit_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's loop (batch 2, accumulation 8/n, 100 steps) vs keeping the per-device batch."""
+    steps, tokens = 5, 1600  # tokens per optimizer step of global batch 16
+    for n in (1, 2, 4):  # README: same global batch, same steps -> same work
+        make_run(tmp_path / "readme" / f"n{n}", monkeypatch, world_size=n, step_times=[1.0 if n == 1 else 1.0 / (0.9 * n)] * steps,
+                 tokens_per_step=tokens, extra_info={"batch_size": 2, "gradient_accumulation_steps": 8 // n})
+    res = collect([tmp_path / "readme"], tmp_path / "o", plots=False)
+    by_n = {r["devices"]: r for r in res["rows"]}
+    assert by_n[4]["baseline"].startswith("1-device row, same global batch")
+    assert by_n[2]["speedup"] == pytest.approx(1.8) and by_n[4]["efficiency"] == pytest.approx(0.9)
+    for n in (1, 2):  # per-device batch kept, step limit: the 2-device run does twice the work
+        make_run(tmp_path / "per_device" / f"n{n}", monkeypatch, world_size=n, step_times=[0.6] * steps,
+                 tokens_per_step=200 * n, extra_info={"batch_size": 2, "gradient_accumulation_steps": 1})
+    res = collect([tmp_path / "per_device"], tmp_path / "o2", plots=False)
+    two = next(r for r in res["rows"] if r["devices"] == 2)
+    assert two.get("speedup") is None and two["speedup_tput"] == pytest.approx(2.0)
+    assert any(p["reason"].startswith("mismatched: 2-device run") for p in res["problems"])
