@@ -1,6 +1,9 @@
-"""Process-group helpers at world size 1 (multi-rank paths run in tests/test_recipes.py)."""
+"""Process-group helpers at world size 1 (multi-rank training runs in tests/test_recipes.py), and ranks
+that die with their launcher (a real 2-rank run, killed)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,3 +31,60 @@ def test_plain_process_becomes_rank_zero_of_one(monkeypatch):
         assert hd.all_gather_floats([1.5, 2.0], info.device) == [[1.5, 2.0]]
     finally:
         hd.teardown_distributed()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_ranks_die_with_a_killed_launcher_and_hold_their_output_dir(text_data_dir, tmp_path):
+    """`kill -9 -- -PGID` of a 2-rank `hlmtune run` (a scheduler, a closed terminal): no rank survives.
+
+    While the run lives, a second run into its output_dir is refused in one line (exit 2).
+    """
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from proc_utils import alive, children
+    from recipe_runner import COLLECTOR, HLMTUNE
+
+    from hlmtune.tiny import write_tiny_assets
+
+    model = tmp_path / "tiny"
+    write_tiny_assets(model)
+    out = tmp_path / "run"
+    common = ["lora_finetune_distributed", "--config", "tiny_lora", f"model_dir={model}",
+              f"data_dir={text_data_dir}", f"output_dir={out}", "batch_size=1"]
+    launcher = subprocess.Popen(
+        [HLMTUNE, "run", "--nproc_per_node", "2", *common, "max_steps_per_epoch=100000",
+         f"metric_logger._component_={COLLECTOR}", f"metric_logger.log_dir={out}/metrics"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ranks = []
+    try:
+        steps = out / "metrics" / "steps.jsonl"
+        deadline = time.time() + 300
+        while not (steps.exists() and steps.stat().st_size > 0) and launcher.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert launcher.poll() is None, "the run ended before it could be killed"
+        ranks = children(launcher.pid)
+        assert len(ranks) == 2, ranks
+
+        second = subprocess.run([HLMTUNE, "run", *common, "max_steps_per_epoch=2"], capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert f"error: output_dir {out} is in use by a live run (pid {ranks[0]}" in second.stderr or \
+            f"error: output_dir {out} is in use by a live run (pid {ranks[1]}" in second.stderr, second.stderr[-3000:]
+        assert "Traceback" not in second.stderr
+
+        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher's group only: ranks run in their own sessions
+        launcher.wait()
+        deadline = time.time() + 15
+        while any(alive(r) for r in ranks) and time.time() < deadline:
+            time.sleep(0.1)
+        survivors = [r for r in ranks if alive(r)]
+        assert not survivors, f"ranks {survivors} outlived their launcher"
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        for r in ranks:
+            if alive(r):
+                os.kill(r, signal.SIGKILL)

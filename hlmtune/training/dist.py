@@ -16,6 +16,8 @@ from typing import List, Sequence
 import torch
 import torch.distributed as dist
 
+from hlmtune._proc import die_with_parent, launcher_pid
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -96,6 +98,8 @@ def init_distributed(device_name: str | None, timeout_s: float = 1800.0) -> Dist
     Returns:
         DistInfo: this rank's placement.
     """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        _die_with_launcher()
     if "RANK" not in os.environ:
         os.environ.update(
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -116,6 +120,27 @@ def init_distributed(device_name: str | None, timeout_s: float = 1800.0) -> Dist
         device=device,
         backend=backend,
     )
+
+
+def _die_with_launcher() -> None:
+    """Under torchrun: this rank dies when the launcher does (see ``hlmtune/_proc.py``).
+
+    torchrun puts each rank in a new session, so killing the launcher's process group leaves
+    the ranks running; the parent-death signal closes that gap. The launcher may have died
+    before this point (imports take seconds): ``hlmtune run`` exports the pid of the process
+    that runs torchrun's agent, and a rank whose parent is no longer that pid, while that pid
+    is gone, was orphaned.
+    """
+    expected = launcher_pid()
+    if expected is not None and expected != os.getppid():
+        try:
+            os.kill(expected, 0)
+            expected = None  # alive but not our parent: an unrelated value inherited from outside
+        except ProcessLookupError:
+            pass  # the launcher is gone and we were re-parented
+        except PermissionError:
+            expected = None
+    die_with_parent(expected_parent=expected)
 
 
 def teardown_distributed() -> None:

@@ -42,6 +42,8 @@ from hlmtune.training.dist import (
     init_distributed,
     teardown_distributed,
 )
+from hlmtune.training.errors import install_exit_hook
+from hlmtune.training.rundir import RunDirLock, check_run_dirs
 from hlmtune.training.schema import resolve_component, validate_config
 
 log = utils.get_logger("INFO")
@@ -75,6 +77,11 @@ class RecipeBase:
         self.rank = self._dist.rank
         self.seed = training.set_seed(seed=cfg.seed, debug_mode=cfg.get("cudnn_deterministic_mode", None))
         self._output_dir = Path(cfg.output_dir)
+        # The output folder is checked on every rank and held by rank 0 for the life of the run
+        # (a second run into it is refused); problems there are one line, exit 2 (training/rundir.py).
+        install_exit_hook()
+        check_run_dirs(cfg)
+        self._run_lock: Optional[RunDirLock] = RunDirLock.acquire(self._output_dir) if self._is_rank_zero else None
 
         # Loop settings.
         self.total_epochs: int = cfg.epochs
@@ -629,10 +636,12 @@ class RecipeBase:
         return profiler
 
     def cleanup(self) -> None:
-        """Close the metric logger and the process group."""
+        """Close the metric logger and the process group; release the output folder."""
         if self._metric_logger is not None:
             self._metric_logger.close()
         teardown_distributed()
+        if self._run_lock is not None:
+            self._run_lock.release()
 
 
 class SFTRecipe(RecipeBase):
