@@ -1,7 +1,10 @@
-"""The ECG token builder through ``hlmtune.data_builders``, and the pack's from-scratch recipe on it.
+"""The Heart Language Model's datasets (``hlmtune.data_builders.ecg``).
 
-Synthetic WFDB records -> heartbeat tokens -> memory-mapped shards -> ``ecg_tokens_dataset`` ->
-``full_finetune_distributed`` without a checkpointer: the path the Heart Language Model takes.
+The central property: no label reaches a model input. A beat-classification prompt holds
+signal-derived tokens only (RR bins, waveform levels) and the answer comes after the target
+beat's own tokens; earlier beats carry no label; AF targets come from rhythm annotations that
+are never tokens of the input. Checked on real MIT-BIH records when ``HLM_DATA`` is set, on
+synthetic records otherwise. (Training runs of the model: ``test_hlm_recipes.py``.)
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-import yaml
 
-from recipe_runner import mean, read_steps, run_recipe
+from hlm_fixtures import make_shards
 
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
 
@@ -44,28 +47,166 @@ def test_builder_is_exported_and_reads_shards(ecg_shards):
     assert max(item["tokens"]) < tok.vocab_size
 
 
-def test_ecg_model_trains_from_scratch_with_the_pack_recipe(ecg_shards, tmp_path):
+@pytest.fixture(scope="module")
+def hlm(tmp_path_factory):
+    info = make_shards(tmp_path_factory.mktemp("hlm"))
     from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
 
-    vocab = ECGTokenizer(manifest_path=str(ecg_shards / "manifest.json")).vocab_size
-    cfg = yaml.safe_load((Path(__file__).parent.parent / "configs" / "tiny_full.yaml").read_text())
-    cfg.pop("checkpointer")  # no checkpoint: random initialisation
-    cfg.pop("model_dir")
-    cfg["tokenizer"] = {"_component_": "hlmtune.ecg_tokenizer.tokenizer.ecg_tokenizer",
-                        "manifest_path": str(ecg_shards / "manifest.json"), "max_seq_len": 32}
-    cfg["model"].update(vocab_size=vocab, max_seq_len=32)
-    cfg["dataset"] = {"_component_": "hlmtune.data_builders.ecg_tokens_dataset", "shards_dir": str(ecg_shards),
-                      "max_seq_len": 32}
-    cfg["data_loader"] = {"split": "contiguous", "num_workers": 0, "pin_memory": False}
-    cfg.update(max_steps_per_epoch=15, batch_size=2, data_dir=str(tmp_path))
-    cfg["optimizer"]["lr"] = 3e-3
-    path = tmp_path / "ecg_full.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "run"
-    run_recipe("full_finetune_distributed", str(path), out, model_dir=tmp_path, data_dir=tmp_path, nproc=2)
-    steps = read_steps(out)
-    losses = [s["loss"] for s in steps]
-    assert mean(losses[-4:]) < mean(losses[:4]) - 0.5, losses
-    assert (out / "epoch_0" / "model.pt").exists()
-    run = json.loads((out / "metrics" / "run.json").read_text())
-    assert run["method"] == "pretrain" and run["world_size"] == 2
+    info["tk"] = ECGTokenizer(manifest_path=str(info["shards"]), max_seq_len=1024)
+    return info
+
+
+def _beats(info, record):
+    from hlmtune.ecg_tokenizer.shards import stem
+
+    return np.load(Path(info["shards"]) / "records" / f"{stem(record)}.beats.npy")
+
+
+def test_classification_prompts_hold_no_label_and_answer_last(hlm):
+    """Every prompt token is a signal token; the one trained position is the true class, after the beat."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+
+    tk = hlm["tk"]
+    v = tk.vocab
+    ds = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=8)
+    is_label = lambda t: v.label_base <= t < v.rr_base  # noqa: E731
+    tables = {r: _beats(hlm, r) for r in hlm["train"]}
+    starts = {r: {int(s): j for j, s in enumerate(t["token_start"])} for r, t in tables.items()}
+    checked = 0
+    for k in range(0, len(ds), max(1, len(ds) // 400)):
+        item = ds[k]
+        toks, labels = item["tokens"], item["labels"]
+        answer_pos = [i for i, lab in enumerate(labels) if lab != -100]
+        assert len(answer_pos) == 1 and answer_pos[0] == len(toks) - 2
+        prompt = toks[: answer_pos[0]]
+        assert not any(is_label(t) for t in prompt), tk.ids_to_text(prompt)
+        assert prompt[-1] == v.ids["<beat?>"] and is_label(toks[answer_pos[0]])
+        # the answer is the annotated class of the beat whose waveform ends the prompt
+        rec, j = hlm["train"][int(ds.rec[ds.index[k]])], int(ds.beat[ds.index[k]])
+        t = tables[rec]
+        assert toks[answer_pos[0]] - v.label_base == t["label"][j]
+        beat = prompt[-(2 + 130) : -2]  # <sep> rr q*128, then rr(next) <beat?>
+        assert beat[0] == tk.sep_id and int(t["token_start"][j]) in starts[rec]
+        # context: the RR bins of up to 8 earlier beats, nothing else
+        ctx = prompt[1 : -(2 + 130)]
+        assert ctx == [v.rr_base + int(b) for b in t["rr_bin"][max(0, j - 8) : j]]
+        checked += 1
+    assert checked > 100
+
+
+def test_a_label_leak_would_be_caught(hlm, monkeypatch):
+    """Guard of the guard: a builder that put the label into the prompt fails the check above."""
+    from hlmtune.data_builders import ecg as builders
+
+    tk = hlm["tk"]
+    ds = builders.ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None)
+    prompt = builders.ECGBeatClassificationDataset.prompt
+
+    def leaky(self, k):
+        return prompt(self, k)[:-1] + [self.vocab.label_base + int(self.label[self.index[k]]), self.query_id]
+
+    monkeypatch.setattr(builders.ECGBeatClassificationDataset, "prompt", leaky)
+    v = tk.vocab
+    assert any(v.label_base <= t < v.rr_base for t in ds[0]["tokens"][:-2])
+
+
+def test_pretraining_windows_are_signal_only(hlm):
+    from hlmtune.data_builders import ecg_pretrain_dataset
+
+    tk, v = hlm["tk"], hlm["tk"].vocab
+    ds = ecg_pretrain_dataset(tk, split_file=str(hlm["split_file"]), max_seq_len=256)
+    assert len(ds) > 10
+    for k in range(len(ds)):
+        toks = ds[k]["tokens"]
+        assert len(toks) <= 256 and not any(v.label_base <= t < v.rr_base or t >= v.rhythm_base for t in toks)
+
+
+def test_ds2_is_refused_for_training(hlm):
+    from hlmtune.data_builders import ecg_beat_classification_dataset, ecg_pretrain_dataset
+    from hlmtune.hlm.splits import SplitError
+
+    test_rec = hlm["test"][0]
+    for build in (ecg_pretrain_dataset, ecg_beat_classification_dataset):
+        with pytest.raises(SplitError, match="read only by `hlmtune eval`"):
+            build(hlm["tk"], split_file=str(hlm["split_file"]), records=[hlm["train"][0], test_rec])
+
+
+def test_class_balance_shares(hlm):
+    """balance=0 gives equal classes, 1 the recorded shares; repeats only where a class is short."""
+    from collections import Counter
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import balanced_indices
+
+    labels = np.array([0] * 900 + [1] * 90 + [2] * 10)
+    eq = Counter(labels[balanced_indices(labels, balance=0.0, num_examples=300, seed=0)])
+    assert eq == {0: 100, 1: 100, 2: 100}
+    nat = Counter(labels[balanced_indices(labels, balance=1.0, num_examples=1000, seed=0)])
+    assert nat == {0: 900, 1: 90, 2: 10}
+    sq = balanced_indices(labels, balance=0.5, num_examples=1000, seed=0)
+    c = Counter(labels[sq])
+    assert abs(c[0] / c[1] - (900 / 90) ** 0.5) < 0.05 and len(set(sq[labels[sq] == 0])) == c[0]
+    with pytest.raises(ValueError, match="balance must be in"):
+        balanced_indices(labels, balance=2.0, num_examples=None, seed=0)
+    ds = ecg_beat_classification_dataset(hlm["tk"], split_file=str(hlm["split_file"]), balance=0.0,
+                                         num_examples=400, classes=["N", "V"])
+    assert Counter(ds.label_of(k) for k in range(len(ds))) == {"N": 200, "V": 200}
+
+
+def test_dpo_pairs_reject_the_confusion_that_matters(hlm):
+    from hlmtune.data_builders import ecg_beat_dpo_dataset
+
+    tk = hlm["tk"]
+    ds = ecg_beat_dpo_dataset(tk, split_file=str(hlm["split_file"]), classes=["N", "S", "V"], num_examples=200)
+    seen = set()
+    for k in range(len(ds)):
+        item, truth, bad = ds[k], ds.base.label_of(k), ds.rejected_label(k)
+        assert truth != bad and {"N": {"S", "V"}, "S": {"N"}, "V": {"N"}}[truth] >= {bad}
+        assert item["chosen_input_ids"][:-2] == item["rejected_input_ids"][:-2]
+        assert tk.id_to_token(item["chosen_input_ids"][-2]) == truth and tk.id_to_token(item["rejected_input_ids"][-2]) == bad
+        seen.add((truth, bad))
+    assert ("N", "S") in seen and ("N", "V") in seen
+
+
+def test_af_targets_come_from_rhythms_never_the_input(hlm, tmp_path):
+    """AF segments read one token per beat (symbols of annotation shards); the answer is the rhythm."""
+    from hlmtune.data_builders import ecg_af_dataset
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+    from hlmtune.hlm.pipeline import synthetic_database
+
+    db = synthetic_database(tmp_path / "db", n_records=4, duration_s=300)
+    names = json.loads((db / "splits.json").read_text())
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"DS1": names["DS1"] + names["DS2"][:-1], "DS2": names["DS2"][-1:]}))
+    tokenize_directory(db, tmp_path / "ann", params=TokenizerParams(scheme="annotation"), options=RecordOptions(),
+                       progress=False)
+    tk = ECGTokenizer(manifest_path=str(tmp_path / "ann"))
+    ds = ecg_af_dataset(tk, split_file=str(split), segment_beats=41, balance=None)
+    v = tk.vocab
+    answers = {True: v.ids["<af>"], False: v.ids["<not_af>"]}
+    yes = 0
+    for k in range(len(ds)):
+        item = ds[k]
+        body = item["tokens"][1:-3]
+        assert len(body) == 41 and all(v.label_base <= t < v.rr_base for t in body)  # beat symbols only
+        assert not any(v.rhythm_base <= t < v.task_base for t in item["tokens"])  # no rhythm token
+        assert item["tokens"][-2] == answers[ds.is_af(k)] and item["labels"][-2] == item["tokens"][-2]
+        yes += ds.is_af(k)
+    assert 0 < yes < len(ds)  # the synthetic records hold AF episodes and sinus rhythm
+
+
+def test_annotation_shards_are_refused_for_beat_classes(tmp_path):
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+    from hlmtune.hlm.pipeline import synthetic_database
+
+    db = synthetic_database(tmp_path / "db", n_records=2, duration_s=60)
+    tokenize_directory(db, tmp_path / "ann", params=TokenizerParams(scheme="annotation"), options=RecordOptions(),
+                       progress=False)
+    with pytest.raises(ValueError, match="annotators' labels"):
+        ecg_beat_classification_dataset(ECGTokenizer(manifest_path=str(tmp_path / "ann")),
+                                        split_file=str(db / "splits.json"))

@@ -42,9 +42,11 @@ from hlmtune.training.dist import (
     init_distributed,
     teardown_distributed,
 )
+from hlmtune.training.options import PackOptions
 from hlmtune.training.errors import install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
-from hlmtune.training.schema import resolve_component, validate_config
+from hlmtune.training.schema import config_warnings, resolve_component, validate_config
+from hlmtune.training.spec import RecipeSpec
 
 log = utils.get_logger("INFO")
 
@@ -54,25 +56,37 @@ _GIB = 1024**3
 class RecipeBase:
     """Data-parallel training loop shared by every pack recipe.
 
-    Subclasses set ``RECIPE`` (the recipe name, which selects the accepted config keys),
-    ``METHOD`` (for metrics: ``lora``, ``full``, ``qat`` ...) and override the hooks.
+    A recipe class declares ``SPEC`` (a literal :class:`~hlmtune.training.spec.RecipeSpec`:
+    its name, method label, mirrored torchtune recipe, added and required keys; the registry,
+    validation and the collector read it) and overrides the hooks. ``RECIPE`` and ``METHOD``
+    are the spec's name and method.
 
     Args:
         cfg (DictConfig): the resolved config (overrides applied). It is validated here:
             unknown keys and bad component arguments raise ``ConfigError``.
     """
 
+    SPEC: RecipeSpec
     RECIPE: str = ""
     METHOD: str = ""
     DEFAULT_COLLATE: str = "torchtune.data.padded_collate_sft"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("SPEC")
+        if spec is not None:
+            cls.RECIPE, cls.METHOD = spec.name, spec.method
+
     def __init__(self, cfg: DictConfig) -> None:
-        validate_config(cfg, self.RECIPE)
+        self.options: PackOptions = validate_config(cfg, self.SPEC)
         self._cfg = cfg
         self._dist: DistInfo = init_distributed(cfg.get("device"))
         self._device = self._dist.device
         self._dtype = training.get_dtype(cfg.dtype, device=self._device)
         self._is_rank_zero = self._dist.is_rank_zero
+        if self._is_rank_zero:
+            for line in config_warnings(cfg, self.SPEC):
+                log.warning(line)
         self.world_size = self._dist.world_size
         self.rank = self._dist.rank
         self.seed = training.set_seed(seed=cfg.seed, debug_mode=cfg.get("cudnn_deterministic_mode", None))
@@ -89,21 +103,22 @@ class RecipeBase:
         self._gradient_accumulation_steps: int = cfg.gradient_accumulation_steps
         self._clip_grad_norm: Optional[float] = cfg.get("clip_grad_norm", None)
         self._log_every_n_steps: int = cfg.get("log_every_n_steps", None) or 1
-        self._save_every_n_steps: Optional[int] = cfg.get("save_every_n_steps", None)
-        self._keep_last_n: Optional[int] = cfg.get("keep_last_n_checkpoints", None)
+        self._save_every_n_steps: Optional[int] = self.options.save_every_n_steps
+        self._keep_last_n: Optional[int] = self.options.keep_last_n_checkpoints
         self._resume: bool = bool(cfg.get("resume_from_checkpoint", False))
         self._compile: bool = bool(cfg.get("compile", False))
-        self._enable_ac: bool = bool(cfg.get("enable_activation_checkpointing", False))
+        self._ac_every_n: int = self.options.activation_checkpointing.every_n_layers
         self._enable_offload: bool = bool(cfg.get("enable_activation_offloading", False))
         if self._enable_offload and self._device.type != "cuda":
             raise RuntimeError("enable_activation_offloading=True needs CUDA (it streams activations to host memory)")
-        self._data_parallel: str = self._resolve_data_parallel(cfg.get("data_parallel", "auto"))
-        dl_cfg = cfg.get("data_loader", None) or {}
-        self._pin_memory: bool = bool(dl_cfg.get("pin_memory", False)) and self._device.type == "cuda"
-        self._num_workers: int = int(dl_cfg.get("num_workers", 0))
-        self._split: str = dl_cfg.get("split", "distributed")
-        self._prefetch_factor: Optional[int] = dl_cfg.get("prefetch_factor", None)
-        self._persistent_workers: bool = bool(dl_cfg.get("persistent_workers", False))
+        self._data_parallel: str = self._resolve_data_parallel(self.options.data_parallel)
+        dl = self.options.data_loader
+        self._pin_memory: bool = dl.pin_memory and self._device.type == "cuda"
+        self._num_workers: int = dl.num_workers
+        self._split: str = dl.split
+        self._prefetch_factor: Optional[int] = dl.prefetch_factor
+        self._persistent_workers: bool = dl.persistent_workers
+        self._log_memory: bool = self.options.log_peak_memory_stats
 
         # Built in setup().
         self._metric_logger: Any = None
@@ -135,6 +150,7 @@ class RecipeBase:
         if self._is_rank_zero:
             self._metric_logger = config.instantiate(cfg.metric_logger)
             self._metric_logger.log_config(cfg)
+            self._save_config_as_run(cfg)
             if hasattr(self._metric_logger, "log_run_info"):
                 self._metric_logger.log_run_info(self.run_info(cfg))
         base_sd = self.load_base_checkpoint(cfg)
@@ -165,6 +181,18 @@ class RecipeBase:
         if self._resume:
             self._restore()
         self._profiler = self._setup_profiler(cfg.get("profiler", None))
+
+    def _save_config_as_run(self, cfg: DictConfig) -> None:
+        """``<output_dir>/torchtune_config.yaml``: the resolved config, whatever the metric logger.
+
+        torchtune's DiskLogger writes the same file; other loggers (the collector alone, WandB)
+        do not, and ``hlmtune eval <run dir>`` and sweeps read the config a run ran with.
+        """
+        from hlmtune._io import atomic_write_text
+
+        path = self._output_dir / "torchtune_config.yaml"
+        self._output_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
 
     def run_info(self, cfg: DictConfig) -> Dict[str, Any]:
         """Run metadata for the collector (``log_run_info``), see docs/ARCHITECTURE.md."""
@@ -227,8 +255,8 @@ class RecipeBase:
         """Transform the freshly built model before sharding (e.g. QAT fake quantization)."""
         return model
 
-    def init_missing_params(self, model: torch.nn.Module) -> None:
-        """Initialise parameters the checkpoint does not hold (LoRA adapters) and RoPE caches."""
+    def init_buffers(self, model: torch.nn.Module) -> None:
+        """Compute the buffers no checkpoint holds (RoPE caches), on the current default device."""
         for m in model.modules():
             if hasattr(m, "rope_init"):
                 m.rope_init()
@@ -293,10 +321,8 @@ class RecipeBase:
             self.set_trainable(model)
         if self._compile:
             training.compile_model(model, verbose=self._is_rank_zero)
-        if self._enable_ac and not frozen:
-            from torchtune import modules
-
-            training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+        if self._ac_every_n and not frozen:
+            apply_activation_checkpointing(model, self.options.activation_checkpointing.layers(len(model.layers)))
         if fsdp:
             training.shard_model(
                 model=model,
@@ -310,7 +336,7 @@ class RecipeBase:
                         if hasattr(m, "initialize_parameters") and any(p.is_meta for p in m.parameters(recurse=False)):
                             m.to_empty(device=self._device)
                             m.initialize_parameters()
-                    self.init_missing_params_after_shard(model)
+                    self.init_buffers(model)  # the meta-built model's RoPE caches
                 full_sd = {**base_sd, **self.extra_init_state_dict(model)}
                 missing, unexpected = training.load_from_full_model_state_dict(
                     model, full_sd, self._device, strict=False, cpu_offload=cfg.get("fsdp_cpu_offload", False)
@@ -321,7 +347,7 @@ class RecipeBase:
                 missing, unexpected = model.load_state_dict({**base_sd, **self.extra_init_state_dict(model)}, strict=False)
                 self.check_loaded_keys(list(missing), list(unexpected))
             with self._device:
-                self.init_missing_params(model)
+                self.init_buffers(model)
         training.validate_no_params_on_meta_device(model)
         inner = model
         if data_parallel == "ddp" and not frozen:
@@ -343,12 +369,6 @@ class RecipeBase:
             )
         dist.barrier()
         return model, inner
-
-    def init_missing_params_after_shard(self, model: torch.nn.Module) -> None:
-        """RoPE caches on the device after FSDP sharding (meta-built model)."""
-        for m in model.modules():
-            if hasattr(m, "rope_init"):
-                m.rope_init()
 
     # ------------------------------------------------------------------ data
     def setup_data(self, cfg: DictConfig) -> StatefulDataLoader:
@@ -481,7 +501,7 @@ class RecipeBase:
 
     def _one_optimizer_step(self, data_iter: Iterator) -> Dict[str, float]:
         self.on_step_start()
-        if self._device.type == "cuda":
+        if self._log_memory and self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
         t0 = time.perf_counter()
         data_time = 0.0
@@ -511,8 +531,10 @@ class RecipeBase:
         total_loss, total_tokens = float(local[0]), float(local[1])
         self.finish_gradients(total_tokens)
         grad_norm = self.optimizer_step()
-        # Peak memory of this step, per rank (one small all_gather).
-        if self._device.type == "cuda":
+        # Peak memory of this step, per rank (one small all_gather); off with log_peak_memory_stats: False.
+        if not self._log_memory:
+            mem = []
+        elif self._device.type == "cuda":
             stats = torch.cuda.memory_stats(self._device)
             mem = [
                 torch.cuda.max_memory_allocated(self._device) / _GIB,
@@ -521,7 +543,7 @@ class RecipeBase:
             ]
         else:
             mem = [_peak_rss_gib()]
-        per_rank = all_gather_floats(mem, self._device)
+        per_rank = all_gather_floats(mem, self._device) if mem else []
         iter_time = time.perf_counter() - t0
         m: Dict[str, float] = {
             "loss": self.logged_loss(total_loss, total_tokens),
@@ -538,7 +560,7 @@ class RecipeBase:
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
         names = ["peak_memory_alloc_gib", "peak_memory_reserved_gib", "peak_memory_active_gib"] if self._device.type == "cuda" else ["peak_rss_gib"]
-        for j, name in enumerate(names):
+        for j, name in enumerate(names if per_rank else []):
             vals = [r[j] for r in per_rank]
             m[name] = max(vals)
             for r, v in enumerate(vals):
@@ -673,6 +695,26 @@ class SFTRecipe(RecipeBase):
         # count: grad = sum_ranks sum_tokens dL / N_tokens.
         if num_tokens_global > 0:
             training.scale_grads(self._model, torch.tensor(self.world_size / num_tokens_global, device=self._device))
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, layer_ids: List[int]) -> None:
+    """Checkpoint the given transformer layers (activations recomputed in backward).
+
+    Each chosen ``model.layers[i]`` is wrapped with torchtune's ``checkpoint_wrapper`` in
+    ``full`` mode (non-reentrant), as torchtune 0.6.1's ``ac_mode`` does. The choice of
+    layers is made by ``ActivationCheckpointing.layers`` from the layer index, not from
+    torchtune's process-wide wrap counter (which carries over between models).
+
+    Args:
+        model (torch.nn.Module): a ``TransformerDecoder`` (has ``layers``).
+        layer_ids (List[int]): 0-based layer indices.
+    """
+    from torchtune.training.activations import checkpoint_wrapper
+
+    if not hasattr(model, "layers"):
+        raise ValueError(f"activation checkpointing needs a model with .layers, got {type(model).__name__}")
+    for i in layer_ids:
+        model.layers[i] = checkpoint_wrapper(model.layers[i], "full", None)
 
 
 class _Range(contextlib.ContextDecorator):

@@ -1,0 +1,57 @@
+"""Inter-patient splits: DS2 only for evaluation, overlap refused, random split deterministic."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
+from hlmtune.hlm import splits as sp
+
+ALL = list(MITDB_DS1) + list(MITDB_DS2) + ["102", "104"]
+
+
+def test_published_split_is_disjoint_and_complete():
+    assert len(MITDB_DS1) == len(MITDB_DS2) == 22 and not set(MITDB_DS1) & set(MITDB_DS2)
+    assert not {"102", "104", "107", "217"} & (set(MITDB_DS1) | set(MITDB_DS2))  # paced records excluded
+
+
+def test_training_defaults_to_ds1_and_refuses_ds2():
+    assert sp.resolve_records(split="DS1", records=None, split_file=None, available=ALL) == list(MITDB_DS1)
+    with pytest.raises(sp.SplitError, match=r"\['100'\] are test records \(DS2\)"):
+        sp.resolve_records(split="DS1", records=["101", "100"], split_file=None, available=ALL)
+    with pytest.raises(sp.SplitError, match="test records"):
+        sp.resolve_records(split="DS2", records=None, split_file=None, available=ALL)
+    assert sp.resolve_records(split="DS2", records=None, split_file=None, available=ALL, evaluation=True) == list(MITDB_DS2)
+    with pytest.raises(sp.SplitError, match="did you mean 'DS1'"):
+        sp.resolve_records(split="DS11", records=None, split_file=None, available=ALL)
+
+
+def test_missing_records_and_split_files(tmp_path):
+    with pytest.raises(sp.SplitError, match="not in the token shards.*split_file"):
+        sp.resolve_records(split="DS1", records=None, split_file=None, available=["s000"])
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"DS1": ["a", "b"], "DS2": ["c"]}))
+    assert sp.resolve_records(split="DS1", records=None, split_file=str(f), available=["c", "b", "a"]) == ["b", "a"]
+    f.write_text(json.dumps({"DS1": ["a", "c"], "DS2": ["c"]}))
+    with pytest.raises(sp.SplitError, match=r"in both DS1 and DS2: \['c'\]"):
+        sp.load_split_file(str(f))
+    f.write_text("{")
+    with pytest.raises(sp.SplitError, match="not JSON"):
+        sp.load_split_file(str(f))
+
+
+def test_overlap_is_refused():
+    sp.check_disjoint(["101", "106"], ["100"])
+    with pytest.raises(sp.SplitError, match=r"meet its test records: \['106'\]"):
+        sp.check_disjoint(["101", "106"], ["100", "106"])
+
+
+def test_random_beat_split_is_seeded_and_sized():
+    a = sp.random_beat_mask("100", 10000, seed=3, test_fraction=0.2)
+    assert np.array_equal(a, sp.random_beat_mask("100", 10000, seed=3, test_fraction=0.2))
+    assert not np.array_equal(a, sp.random_beat_mask("101", 10000, seed=3, test_fraction=0.2))
+    assert 0.18 < a.mean() < 0.22
+    assert "NOT comparable" in sp.RANDOM_SPLIT_NOTICE
