@@ -13,13 +13,19 @@ from omegaconf import DictConfig
 from torchtune import config, training
 
 from hlmtune.training.dpo import DPORecipe
+from hlmtune.training.spec import RecipeSpec
 
 
 class FullDPORecipeDistributed(DPORecipe):
     """DPO where every policy weight trains and the reference is a second, frozen model."""
 
-    RECIPE = "full_dpo_distributed"
-    METHOD = "full_dpo"
+    SPEC = RecipeSpec(
+        name="full_dpo_distributed",
+        method="full_dpo",
+        mirrors="full_dpo_distributed",
+        summary="DPO of all weights against a separate frozen reference model",
+        requires=("checkpointer",),
+    )
 
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)

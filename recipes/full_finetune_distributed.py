@@ -14,13 +14,18 @@ from omegaconf import DictConfig
 from torchtune import config
 
 from hlmtune.training.recipe import SFTRecipe
+from hlmtune.training.spec import RecipeSpec
 
 
 class FullFinetuneRecipeDistributed(SFTRecipe):
     """Every parameter trains."""
 
-    RECIPE = "full_finetune_distributed"
-    METHOD = "full"
+    SPEC = RecipeSpec(
+        name="full_finetune_distributed",
+        method="full",
+        mirrors="full_finetune_distributed",
+        summary="full fine-tuning; trains from scratch without a checkpointer (ECG model)",
+    )
 
     def method_name(self, cfg: DictConfig) -> str:
         return "full" if cfg.get("checkpointer", None) is not None else "pretrain"

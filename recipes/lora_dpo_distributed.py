@@ -15,13 +15,20 @@ from torchtune.modules.peft import disable_adapter
 
 from hlmtune.training.dpo import DPORecipe
 from hlmtune.training.lora import LoRAMixin
+from hlmtune.training.spec import RecipeSpec
 
 
 class LoRADPORecipeDistributed(LoRAMixin, DPORecipe):
     """DPO where policy = base + adapters, reference = base alone (no second model in memory)."""
 
-    RECIPE = "lora_dpo_distributed"
-    METHOD = "lora_dpo"
+    SPEC = RecipeSpec(
+        name="lora_dpo_distributed",
+        method="lora_dpo",
+        mirrors="lora_dpo_distributed",
+        summary="DPO with LoRA adapters; the frozen base is the reference model",
+        requires=("checkpointer",),
+        nf4_method="qlora_dpo",
+    )
 
     def reference_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor):
         with disable_adapter(self._inner_model):

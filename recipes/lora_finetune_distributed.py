@@ -14,13 +14,20 @@ from torchtune import config
 
 from hlmtune.training.lora import LoRAMixin
 from hlmtune.training.recipe import SFTRecipe
+from hlmtune.training.spec import RecipeSpec
 
 
 class LoRAFinetuneRecipeDistributed(LoRAMixin, SFTRecipe):
     """LoRA fine-tuning: adapters train, base weights frozen (optionally NF4)."""
 
-    RECIPE = "lora_finetune_distributed"
-    METHOD = "lora"
+    SPEC = RecipeSpec(
+        name="lora_finetune_distributed",
+        method="lora",
+        mirrors="lora_finetune_distributed",
+        summary="LoRA and QLoRA (NF4 base) fine-tuning",
+        requires=("checkpointer",),
+        nf4_method="qlora",
+    )
 
 
 @config.parse

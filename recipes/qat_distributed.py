@@ -15,17 +15,24 @@ from torchtune import config
 
 from hlmtune.training.qat import QATMixin
 from hlmtune.training.recipe import SFTRecipe
+from hlmtune.training.spec import RecipeSpec
 
 
 class QATRecipeDistributed(QATMixin, SFTRecipe):
     """Every weight trains through fake-quantized linears."""
 
-    RECIPE = "qat_distributed"
-    METHOD = "qat"
+    SPEC = RecipeSpec(
+        name="qat_distributed",
+        method="qat",
+        mirrors="qat_distributed",
+        summary="quantization-aware full fine-tuning, then int8-activation/int4-weight quantization",
+        adds=("quantize",),
+        requires=("checkpointer", "quantizer"),
+    )
 
     def quantized_model_config(self) -> DictConfig:
-        qcfg = self._cfg.get("quantize", None) or {}
-        return qcfg.get("model", None) or self._cfg.model
+        # Full QAT trains the plain model: quantize that unless `quantize.model` says otherwise.
+        return self._cfg.quantize.model if self.options.quantize.model is not None else self._cfg.model
 
 
 @config.parse

@@ -18,13 +18,20 @@ from torchtune.training.quantization import swap_lora_linear_with_qat
 from hlmtune.training.lora import LoRAMixin
 from hlmtune.training.qat import QATMixin
 from hlmtune.training.recipe import SFTRecipe
+from hlmtune.training.spec import RecipeSpec
 
 
 class QATLoRAFinetuneRecipeDistributed(QATMixin, LoRAMixin, SFTRecipe):
     """LoRA adapters train on top of a frozen, fake-quantized base."""
 
-    RECIPE = "qat_lora_finetune_distributed"
-    METHOD = "qat_lora"
+    SPEC = RecipeSpec(
+        name="qat_lora_finetune_distributed",
+        method="qat_lora",
+        mirrors="qat_lora_finetune_distributed",
+        summary="QAT with LoRA adapters, then quantization of the merged model",
+        adds=("quantize",),
+        requires=("checkpointer", "quantizer"),
+    )
 
     def prepare_model(self, model: torch.nn.Module, cfg: DictConfig) -> torch.nn.Module:
         quantizer = self._make_quantizer(cfg.quantizer)

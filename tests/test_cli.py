@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from hlmtune._cli_core import build_run_command, split_run_args
 from hlmtune.cli import main
@@ -57,29 +58,37 @@ def test_split_run_args_separates_torchrun_flags():
     assert ns.rdzv_endpoint == "h:29500"
 
 
-def test_build_run_command_pack_recipe(monkeypatch, tmp_path):
-    monkeypatch.setenv("HLM_DATA", str(tmp_path))
-    single = build_run_command(["lora_finetune_distributed", "--config", "tiny_lora", "batch_size=2"])
+def test_build_run_command_pack_recipe(tiny_model, text_data_dir):
+    paths = [f"model_dir={tiny_model}", f"data_dir={text_data_dir}"]
+    single = build_run_command(["lora_finetune_distributed", "--config", "tiny_lora", *paths, "batch_size=2"])
     assert single[1:3] == ["-m", "hlmtune.recipes.lora_finetune_distributed"]
     assert single[4].endswith("tiny_lora.yaml") and single[-1] == "batch_size=2"
-    multi = build_run_command(["--nproc_per_node", "2", "lora_finetune_distributed", "--config", "tiny_lora"])
+    multi = build_run_command(["--nproc_per_node", "2", "lora_finetune_distributed", "--config", "tiny_lora", *paths])
     assert multi[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in multi  # as tune run: no rendezvous endpoint -> standalone
-    assert multi[multi.index("-m", 3) + 1] == "hlmtune.recipes.lora_finetune_distributed"
+    # Each rank runs the recipe through hlmtune._rank, which records its error for the summary.
+    i = multi.index("hlmtune._rank")
+    assert multi[i - 1:i + 3] == ["-m", "hlmtune._rank", "-m", "hlmtune.recipes.lora_finetune_distributed"]
     rdzv = build_run_command(["--nnodes", "2", "--rdzv_endpoint", "h:1", "--rdzv_backend", "c10d",
-                              "lora_finetune_distributed", "--config", "tiny_lora"])
+                              "lora_finetune_distributed", "--config", "tiny_lora", *paths])
     assert "--standalone" not in rdzv
 
 
-def test_build_run_command_torchtune_builtin_recipe():
-    cmd = build_run_command(["lora_finetune_single_device", "--config", "llama3/8B_lora_single_device"])
+def test_build_run_command_torchtune_builtin_recipe(monkeypatch):
+    from hlmtune.launch import PreLaunchError
+
+    argv = ["lora_finetune_single_device", "--config", "llama3/8B_lora_single_device"]
+    with pytest.raises(PreLaunchError, match="key 'checkpointer.checkpoint_dir': /tmp/Meta-Llama-3-8B-Instruct"):
+        build_run_command(argv)  # torchtune's config names a model folder that is not here
+    monkeypatch.setattr("hlmtune.preflight.path_problems", lambda data: [])
+    cmd = build_run_command(argv)
     assert cmd[1].endswith("lora_finetune_single_device.py")
     assert cmd[3].endswith("8B_lora_single_device.yaml")
 
 
-def test_run_rejects_typos_unknown_recipes_and_missing_config(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("HLM_DATA", str(tmp_path))
-    assert main(["run", "lora_finetune_distributed", "--config", "tiny_lora", "optimizer.lrr=1"]) == 2
+def test_run_rejects_typos_unknown_recipes_and_missing_config(tiny_model, text_data_dir, capsys):
+    paths = [f"model_dir={tiny_model}", f"data_dir={text_data_dir}"]
+    assert main(["run", "lora_finetune_distributed", "--config", "tiny_lora", *paths, "optimizer.lrr=1"]) == 2
     assert "did you mean 'lr'" in capsys.readouterr().err
     assert main(["run", "lora_finetune_distributd", "--config", "tiny_lora"]) == 2
     assert "did you mean 'lora_finetune_distributed'" in capsys.readouterr().err

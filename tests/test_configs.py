@@ -5,8 +5,8 @@ for their recipe, and documented (a comment header with launch commands that nam
 recipe and config, and an override example).
 
 The 18 Llama3-8B configs: the real hub layout of ``tune download
-meta-llama/Meta-Llama-3-8B-Instruct`` under one ``model_dir``, the defaults of issue 2 section
-4, the expected model built on the meta device, the paper's override string from the header
+meta-llama/Meta-Llama-3-8B-Instruct`` under one ``model_dir``, the defaults of the papers' runs
+(docs/configs.md), the expected model built on the meta device, the paper's override string from the header
 validating, typos naming the closest key, and the header's local-data override building the
 dataset from the real samples in ``$HLM_DATA/text``. ``hlmtune validate`` runs as a subprocess.
 """
@@ -32,7 +32,7 @@ from hlmtune.training.schema import RECIPE_KEYS, ConfigError, build_model_on_met
 CONFIGS_DIR = registry.configs_dir()
 ALL_CONFIGS = sorted(registry.CONFIGS)
 
-# The 18 Llama3-8B configs of issue 2 section 4: method x dataset -> (recipe, model component).
+# The 18 Llama3-8B configs (the papers' method x dataset matrix, docs/configs.md) -> (recipe, model component).
 SFT_DATASETS = ("alpaca", "grammar", "samsum", "slimorca")
 PREF_DATASETS = ("stack_exchange", "hh_rlhf")
 METHODS: Dict[str, Tuple[str, str]] = {
@@ -349,7 +349,7 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize("name", _ONE_PER_DATASET)
-def test_8b_local_data_override_builds_the_dataset(name: str, text_data_dir: Path, tiny_tokenizer, load) -> None:
+def test_8b_local_data_override_builds_the_dataset(name: str, real_text_data_dir: Path, tiny_tokenizer, load) -> None:
     from torchtune import config
 
     method, dataset = LLAMA3_8B[name]
@@ -357,11 +357,11 @@ def test_8b_local_data_override_builds_the_dataset(name: str, text_data_dir: Pat
     assert "dataset.source=json" in overrides and "dataset.subset_size=500" in overrides
     assert any(o.startswith("dataset.data_files=") for o in overrides)
     if dataset in _SMALL_SAMPLES:
-        overrides += [f"dataset.data_files={text_data_dir / _SMALL_SAMPLES[dataset]}", "dataset.subset_size=8"]
+        overrides += [f"dataset.data_files={real_text_data_dir / _SMALL_SAMPLES[dataset]}", "dataset.subset_size=8"]
     cfg = load(name, overrides)
     validate_config(cfg, registry.CONFIGS[name])
     data_file = Path(cfg.dataset.data_files)
-    assert data_file.parent == text_data_dir and data_file.is_file(), data_file
+    assert data_file.parent == real_text_data_dir and data_file.is_file(), data_file
     ds = config.instantiate(cfg.dataset, tiny_tokenizer)
     assert len(ds) == cfg.dataset.subset_size
     key = "chosen_input_ids" if method == "lora_dpo" else "tokens"

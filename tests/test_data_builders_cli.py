@@ -100,20 +100,20 @@ def test_end_to_end(text_data_dir: Path, tmp_path: Path, tiny_tok, capsys: pytes
     assert csv_path.read_text().splitlines()[0].startswith("dataset,template,source,rows")
 
 
-def test_errors_exit_2(text_data_dir: Path, tmp_path: Path, tiny_tok, capsys: pytest.CaptureFixture) -> None:
+def test_errors_exit_2(real_text_data_dir: Path, tmp_path: Path, tiny_tok, capsys: pytest.CaptureFixture) -> None:
     from hlmtune.cli import main
 
     base = ["data-report", "--tokenizer", tiny_tok["path"], "--special-tokens-path", tiny_tok["special_tokens_path"], "--no-progress"]
     assert main(base + ["--dataset", "samsun=x.jsonl"]) == 2
     assert "did you mean 'samsum'" in capsys.readouterr().err
-    hh = text_data_dir / "hh_rlhf_harmless_base_test_messages.jsonl"
+    hh = real_text_data_dir / "hh_rlhf_harmless_base_test_messages.jsonl"
     assert main(base + ["--dataset", f"hh_rlhf={hh}"]) == 2
     assert "row 86 (0-based), line 87" in capsys.readouterr().err
     assert main(base + ["--dataset", f"samsum={tmp_path / 'missing.jsonl'}"]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
 
 
-def test_tokenizer_from_yaml(text_data_dir: Path, tmp_path: Path, tiny_tok, capsys: pytest.CaptureFixture) -> None:
+def test_tokenizer_from_yaml(real_text_data_dir: Path, tmp_path: Path, tiny_tok, capsys: pytest.CaptureFixture) -> None:
     import yaml
 
     from hlmtune.cli import main
@@ -127,7 +127,7 @@ def test_tokenizer_from_yaml(text_data_dir: Path, tmp_path: Path, tiny_tok, caps
             "max_seq_len": 64,
         }
     }))
-    argv = ["data-report", "--tokenizer", str(cfg), "--dataset", f"slimorca={text_data_dir / 'slimorca_sample.jsonl'}",
+    argv = ["data-report", "--tokenizer", str(cfg), "--dataset", f"slimorca={real_text_data_dir / 'slimorca_sample.jsonl'}",
             "--format", "csv", "--no-progress"]
     assert main(argv) == 0
     row = capsys.readouterr().out.splitlines()[1].split(",")

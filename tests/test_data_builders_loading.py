@@ -43,13 +43,13 @@ def _write_jsonl(path: Path, rows: List[Any]) -> Path:
     return path
 
 
-def test_real_samples_match_sha256sums(text_data_dir: Path) -> None:
+def test_real_samples_match_sha256sums(real_text_data_dir: Path) -> None:
     sums = {}
-    for line in (text_data_dir / "SHA256SUMS").read_text().splitlines():
+    for line in (real_text_data_dir / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split()
         sums[name] = digest
     for name in SAMPLES:
-        assert hashlib.sha256((text_data_dir / name).read_bytes()).hexdigest() == sums[name], name
+        assert hashlib.sha256((real_text_data_dir / name).read_bytes()).hexdigest() == sums[name], name
 
 
 def test_check_text_field() -> None:
@@ -140,8 +140,8 @@ def test_skip_and_count(text_data_dir: Path, tmp_path: Path, caplog: pytest.LogC
     assert "skipped 3 bad row(s)" in caplog.text and "row 11 (0-based), line 12" in caplog.text
 
 
-def test_subset_deterministic_size_and_errors(text_data_dir: Path) -> None:
-    path = str(text_data_dir / "samsum.jsonl")
+def test_subset_deterministic_size_and_errors(real_text_data_dir: Path) -> None:
+    path = str(real_text_data_dir / "samsum.jsonl")
     kw = dict(name="samsum", source="json", data_files=path, split="train", check=_samsum_check)
     a = prepare_rows(subset_size=50, subset_seed=3, **kw)
     b = prepare_rows(subset_size=50, subset_seed=3, **kw)

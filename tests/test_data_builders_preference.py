@@ -66,14 +66,14 @@ def test_stack_exchange_real_sample(text_data_dir: Path, tokenizer) -> None:
     assert ids.shape == labels.shape and ids.shape[0] == 4
 
 
-def test_hh_real_sample_bad_rows(text_data_dir: Path, tokenizer) -> None:
+def test_hh_real_sample_bad_rows(real_text_data_dir: Path, tokenizer) -> None:
     from hlmtune.data_builders import BadRowError, hh_rlhf_dataset
 
-    rows = _rows(text_data_dir / HH)
+    rows = _rows(real_text_data_dir / HH)
     assert [i for i, r in enumerate(rows) if not r["chosen"][-1]["content"].strip()] == HH_EMPTY_CHOSEN
     with pytest.raises(BadRowError, match=r"row 86 \(0-based\), line 87: field 'chosen': the last assistant turn \(the target\) is empty"):
-        hh_rlhf_dataset(tokenizer, source="json", data_files=str(text_data_dir / HH))
-    ds = hh_rlhf_dataset(tokenizer, source="json", data_files=str(text_data_dir / HH), on_bad_row="skip")
+        hh_rlhf_dataset(tokenizer, source="json", data_files=str(real_text_data_dir / HH))
+    ds = hh_rlhf_dataset(tokenizer, source="json", data_files=str(real_text_data_dir / HH), on_bad_row="skip")
     assert len(ds) == 1996 and ds.skipped_rows == 4
     assert ds.row_indices == [i for i in range(2000) if i not in HH_EMPTY_CHOSEN]
     for k in (0, 85, 86, 1995):

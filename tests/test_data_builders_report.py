@@ -27,7 +27,7 @@ def tokenizer(tiny_tok):
 
 
 @pytest.fixture(scope="session")
-def small_files(text_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+def small_files(real_text_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     """First 200 rows of grammar and samsum (whole files for the tiny ones) to keep this fast."""
     out = tmp_path_factory.mktemp("small")
     files = {}
@@ -36,7 +36,7 @@ def small_files(text_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         ("samsum", "samsum.jsonl", 200),
         ("stack_exchange_paired", "stack_exchange_paired_tiny.jsonl", 25),
     ):
-        with open(text_data_dir / src, encoding="utf-8") as f:
+        with open(real_text_data_dir / src, encoding="utf-8") as f:
             lines = [next(f) for _ in range(n)]
         files[name] = out / src
         files[name].write_text("".join(lines), encoding="utf-8")

@@ -59,11 +59,11 @@ def _check_sft_sample(tokenizer, sample: Dict[str, Any], target: str) -> str:
     return tokenizer.decode([int(t) for t in tokens[: len(tokens) - n_target - 1]], skip_special_tokens=False)
 
 
-def test_alpaca_real_sample(text_data_dir: Path, tokenizer) -> None:
+def test_alpaca_real_sample(real_text_data_dir: Path, tokenizer) -> None:
     from hlmtune.data_builders import ValidatedSFTDataset, alpaca_cleaned_dataset
 
-    rows = _rows(text_data_dir / ALPACA)
-    ds = alpaca_cleaned_dataset(tokenizer, source="json", data_files=str(text_data_dir / ALPACA), train_on_input=False)
+    rows = _rows(real_text_data_dir / ALPACA)
+    ds = alpaca_cleaned_dataset(tokenizer, source="json", data_files=str(real_text_data_dir / ALPACA), train_on_input=False)
     assert isinstance(ds, ValidatedSFTDataset) and len(ds) == 2000 and ds.skipped_rows == 0
     for i in (0, 1, 7, 1999):
         row = rows[i]
@@ -73,17 +73,17 @@ def test_alpaca_real_sample(text_data_dir: Path, tokenizer) -> None:
         assert prompt.rstrip().endswith("### Response:<|eot_id|>")
         assert ("### Input:" in prompt) == bool(row["input"])
     # torchtune's default: the prompt is trained on.
-    ds_in = alpaca_cleaned_dataset(tokenizer, source="json", data_files=str(text_data_dir / ALPACA), subset_size=3)
+    ds_in = alpaca_cleaned_dataset(tokenizer, source="json", data_files=str(real_text_data_dir / ALPACA), subset_size=3)
     s = ds_in[0]
     # Only BOS and the final EOS are masked (torchtune's Llama3 mask).
     assert [i for i, x in enumerate(s["labels"]) if x == -100] == [0, len(s["labels"]) - 1]
 
 
-def test_grammar_real_sample(text_data_dir: Path, tokenizer) -> None:
+def test_grammar_real_sample(real_text_data_dir: Path, tokenizer) -> None:
     from hlmtune.data_builders import grammar_dataset
 
-    rows = _rows(text_data_dir / GRAMMAR)
-    ds = grammar_dataset(tokenizer, source="json", data_files=str(text_data_dir / GRAMMAR))
+    rows = _rows(real_text_data_dir / GRAMMAR)
+    ds = grammar_dataset(tokenizer, source="json", data_files=str(real_text_data_dir / GRAMMAR))
     assert len(ds) == 2000
     for i in (0, 500, 1999):
         prompt = _check_sft_sample(tokenizer, ds[i], rows[i]["output"])
@@ -91,11 +91,11 @@ def test_grammar_real_sample(text_data_dir: Path, tokenizer) -> None:
         assert expected in prompt, prompt
 
 
-def test_samsum_real_sample(text_data_dir: Path, tokenizer) -> None:
+def test_samsum_real_sample(real_text_data_dir: Path, tokenizer) -> None:
     from hlmtune.data_builders import samsum_dataset
 
-    rows = _rows(text_data_dir / SAMSUM)
-    ds = samsum_dataset(tokenizer, source="json", data_files=str(text_data_dir / SAMSUM))
+    rows = _rows(real_text_data_dir / SAMSUM)
+    ds = samsum_dataset(tokenizer, source="json", data_files=str(real_text_data_dir / SAMSUM))
     assert len(ds) == 1637
     for i in (0, 800, 1636):
         prompt = _check_sft_sample(tokenizer, ds[i], rows[i]["summary"])

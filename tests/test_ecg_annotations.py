@@ -34,18 +34,18 @@ def words_of(path: Path) -> np.ndarray:
 
 
 @pytest.mark.parametrize("sampto", [None, 360 * 60, 650_000])
-def test_every_mitdb_record_equals_rdann(mitdb_dir, sampto):
-    names = list_records(mitdb_dir)
+def test_every_mitdb_record_equals_rdann(real_mitdb_dir, sampto):
+    names = list_records(real_mitdb_dir)
     assert len(names) == 48
     for name in names:
-        ref = wfdb.rdann(str(mitdb_dir / name), "atr", sampto=sampto)
-        fast = read_mit_annotations(mitdb_dir / f"{name}.atr", sampto=sampto)
+        ref = wfdb.rdann(str(real_mitdb_dir / name), "atr", sampto=sampto)
+        fast = read_mit_annotations(real_mitdb_dir / f"{name}.atr", sampto=sampto)
         assert_same_as_wfdb(fast, ref)
 
 
-def test_mitdb_uses_subtype_skip_and_aux(mitdb_dir):
+def test_mitdb_uses_subtype_skip_and_aux(real_mitdb_dir):
     """The real files exercise SUB, SKIP and AUX words (so the test above covers them)."""
-    codes = np.concatenate([words_of(p) >> 10 for p in sorted(mitdb_dir.glob("*.atr"))])
+    codes = np.concatenate([words_of(p) >> 10 for p in sorted(real_mitdb_dir.glob("*.atr"))])
     for code in (59, 61, 63):
         assert np.count_nonzero(codes == code) > 0, code
 
@@ -145,26 +145,26 @@ def test_empty_annotation_file(tmp_path):
 
 
 @pytest.mark.parametrize("cut", [1, 2, 3, 7])
-def test_truncated_file_is_left_to_wfdb(mitdb_dir, tmp_path, cut):
+def test_truncated_file_is_left_to_wfdb(real_mitdb_dir, tmp_path, cut):
     """No end marker / odd size / AUX payload cut: None (wfdb decides, load_record names the file)."""
-    data = (mitdb_dir / "100.atr").read_bytes()
+    data = (real_mitdb_dir / "100.atr").read_bytes()
     assert parse_mit_annotations(data[:-cut]) is None
     aux_at = 2 * int(np.flatnonzero(np.frombuffer(data, "<u2") >> 10 == 63)[0])
     assert parse_mit_annotations(data[: aux_at + 4] + _word(0, 0)) is None  # AUX payload cut
 
 
-def test_load_record_on_truncated_annotations(mitdb_dir, tmp_path):
+def test_load_record_on_truncated_annotations(real_mitdb_dir, tmp_path):
     d = tmp_path / "rec"
     d.mkdir()
     for ext in ("hea", "dat", "atr"):
-        shutil.copyfile(mitdb_dir / f"100.{ext}", d / f"100.{ext}")
-    data = (mitdb_dir / "100.atr").read_bytes()
+        shutil.copyfile(real_mitdb_dir / f"100.{ext}", d / f"100.{ext}")
+    data = (real_mitdb_dir / "100.atr").read_bytes()
     (d / "100.atr").write_bytes(data[:-1])  # odd size: wfdb cannot read it either
     with pytest.raises(RecordError, match=r"record 100: annotation file 100.atr is unreadable"):
         load_record(d, "100", hash_inputs=False)
     (d / "100.atr").write_bytes(data[:-2])  # end marker lost: wfdb ignores the last word
     rec = load_record(d, "100", hash_inputs=False)
-    assert wfdb.rdann(str(d / "100"), "atr").sample.size == wfdb.rdann(str(mitdb_dir / "100"), "atr").sample.size - 1
+    assert wfdb.rdann(str(d / "100"), "atr").sample.size == wfdb.rdann(str(real_mitdb_dir / "100"), "atr").sample.size - 1
     assert rec.annotated_beats == 2273 - 1  # as wfdb: the last beat is gone, no error
 
 

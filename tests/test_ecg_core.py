@@ -42,8 +42,8 @@ def test_fast_equals_reference_on_slices(sliced, p):
         _same(tokenize_record(rec, p), tokenize_record_reference(rec, p))
 
 
-def test_fast_equals_reference_full_record(mitdb_dir):
-    rec = load_record(mitdb_dir, "222")  # AF, AFL, nodal rhythm; the whole 30 min
+def test_fast_equals_reference_full_record(real_mitdb_dir):
+    rec = load_record(real_mitdb_dir, "222")  # AF, AFL, nodal rhythm; the whole 30 min
     p = TokenizerParams()
     fast = tokenize_record(rec, p)
     _same(fast, tokenize_record_reference(rec, p))
@@ -83,8 +83,8 @@ def test_beat_counts_and_labels_match_annotations(mitdb_dir, name):
             assert not np.any((tok.tokens >= v.label_base) & (tok.tokens < v.rr_base))
 
 
-def test_af_rhythm_metadata(mitdb_dir):
-    rec = load_record(mitdb_dir, "201")
+def test_af_rhythm_metadata(real_mitdb_dir):
+    rec = load_record(real_mitdb_dir, "201")
     tok = tokenize_record(rec, TokenizerParams(scheme="annotation"))
     names = [rec.rhythms[i] for i in tok.beats["rhythm"]]
     assert "(AFIB" in rec.rhythms and names.count("(AFIB") > 500

@@ -18,8 +18,8 @@ def test_compare_beats_counts():
 
 
 @pytest.mark.parametrize("name,method", [("100", "gqrs"), ("208", "gqrs"), ("100", "xqrs")])
-def test_detector_on_real_records(mitdb_dir, name, method):
-    rec = load_record(mitdb_dir, name, sampto=360 * 120)
+def test_detector_on_real_records(real_mitdb_dir, name, method):
+    rec = load_record(real_mitdb_dir, name, sampto=360 * 120)
     det = detect_beats(rec.signal, rec.gain_per_mv, rec.fs, method)
     c = compare_beats(rec.beat_samples, det, rec.fs)
     assert c["sensitivity"] > 0.97 and c["positive_predictivity"] > 0.97, c

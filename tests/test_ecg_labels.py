@@ -20,11 +20,11 @@ from hlmtune.ecg_tokenizer.labels import (
 
 
 @pytest.fixture(scope="module")
-def mitdb_symbols(mitdb_dir):
+def mitdb_symbols(real_mitdb_dir):
     import wfdb
 
-    names = (mitdb_dir / "RECORDS").read_text().split()
-    return {n: wfdb.rdann(str(mitdb_dir / n), "atr").symbol for n in names}
+    names = (real_mitdb_dir / "RECORDS").read_text().split()
+    return {n: wfdb.rdann(str(real_mitdb_dir / n), "atr").symbol for n in names}
 
 
 def test_tables_are_consistent():

@@ -27,21 +27,21 @@ def copy_record(src: Path, name: str, dst: Path, new_name: str | None = None) ->
     return dst
 
 
-def test_real_record_reads_cleanly(mitdb_dir):
-    rec = load_record(mitdb_dir, "100")
+def test_real_record_reads_cleanly(real_mitdb_dir):
+    rec = load_record(real_mitdb_dir, "100")
     assert rec.fs == 360.0 and rec.lead == "MLII" and rec.n_samples == 650_000
     assert rec.beat_source == "annotations" and rec.annotated_beats == rec.beat_samples.size == 2273
     assert rec.rhythms == ["(N"] and np.all(rec.beat_rhythms == 0)
     assert set(rec.inputs) == {"100.hea", "100.dat", "100.atr"} and all(len(v) == 64 for v in rec.inputs.values())
-    assert list_records(mitdb_dir)[:3] == ["100", "101", "102"] and len(list_records(mitdb_dir)) == 48
+    assert list_records(real_mitdb_dir)[:3] == ["100", "101", "102"] and len(list_records(real_mitdb_dir)) == 48
 
 
-def test_lead_fallback_and_error(mitdb_dir):
-    rec = load_record(mitdb_dir, "102", sampto=3600)  # 102 has no MLII (V5, V2)
+def test_lead_fallback_and_error(real_mitdb_dir):
+    rec = load_record(real_mitdb_dir, "102", sampto=3600)  # 102 has no MLII (V5, V2)
     assert rec.lead == "V5" and "lead MLII absent" in rec.notes[0]
     with pytest.raises(RecordError, match=r"record 102: lead MLII not in the record"):
-        load_record(mitdb_dir, "102", sampto=3600, lead_fallback="error")
-    assert load_record(mitdb_dir, "100", sampto=3600, lead="1").lead == "V5"
+        load_record(real_mitdb_dir, "102", sampto=3600, lead_fallback="error")
+    assert load_record(real_mitdb_dir, "100", sampto=3600, lead="1").lead == "V5"
 
 
 def test_missing_dat(mitdb_dir, tmp_path):
@@ -51,16 +51,16 @@ def test_missing_dat(mitdb_dir, tmp_path):
         load_record(d, "100")
 
 
-def test_truncated_dat(mitdb_dir, tmp_path):
-    d = copy_record(mitdb_dir, "101", tmp_path)
+def test_truncated_dat(real_mitdb_dir, tmp_path):
+    d = copy_record(real_mitdb_dir, "101", tmp_path)
     data = (d / "101.dat").read_bytes()
     (d / "101.dat").write_bytes(data[: len(data) // 2])
     with pytest.raises(RecordError, match=r"record 101: signal file 101.dat is truncated: 975000 bytes, header implies 1950000"):
         load_record(d, "101")
 
 
-def test_header_disagrees_with_signal(mitdb_dir, tmp_path):
-    d = copy_record(mitdb_dir, "103", tmp_path)
+def test_header_disagrees_with_signal(real_mitdb_dir, tmp_path):
+    d = copy_record(real_mitdb_dir, "103", tmp_path)
     hea = (d / "103.hea").read_text()
     (d / "103.hea").write_text(hea.replace("650000", "600000", 1))  # header claims fewer samples
     with pytest.raises(RecordError, match=r"record 103: header disagrees with signal file 103.dat: file has 1950000 bytes, header implies 1800000"):
@@ -94,8 +94,8 @@ def _corrupt_first_beat_code(atr: Path, code: int = 45) -> None:
     atr.write_bytes(bytes(b))
 
 
-def test_unknown_annotation_symbol(mitdb_dir, tmp_path):
-    d = copy_record(mitdb_dir, "100", tmp_path)
+def test_unknown_annotation_symbol(real_mitdb_dir, tmp_path):
+    d = copy_record(real_mitdb_dir, "100", tmp_path)
     _corrupt_first_beat_code(d / "100.atr")
     with pytest.raises(RecordError, match=r"record 100: unknown annotation code \(not in the WFDB code table\) at sample 77 in 100.atr"):
         load_record(d, "100")

@@ -51,8 +51,8 @@ def golden():
 
 
 @pytest.mark.parametrize("name", RECORDS)
-def test_reference_matches_golden(mitdb_dir, golden, name):
-    rec = load_record(mitdb_dir, name, sampto=SAMPTO)
+def test_reference_matches_golden(real_mitdb_dir, golden, name):
+    rec = load_record(real_mitdb_dir, name, sampto=SAMPTO)
     for case, p in CASES.items():
         want = golden[case][name]
         ref = _entry(tokenize_record_reference(rec, p), p)
@@ -60,13 +60,13 @@ def test_reference_matches_golden(mitdb_dir, golden, name):
         assert _entry(tokenize_record(rec, p), p) == want
 
 
-def test_golden_is_sane(mitdb_dir, golden):
+def test_golden_is_sane(real_mitdb_dir, golden):
     """Reviewed facts: golden label counts equal the annotation counts of each slice."""
     import wfdb
 
     s2c, classes = symbol_to_class("aami"), label_classes("aami")
     for name in RECORDS:
-        ann = wfdb.rdann(str(mitdb_dir / name), "atr", sampto=SAMPTO)
+        ann = wfdb.rdann(str(real_mitdb_dir / name), "atr", sampto=SAMPTO)
         counts = Counter(classes[s2c[s]] for s in ann.symbol if s in BEAT_SYMBOLS)
         a = golden["annotation"][name]
         assert a["label_counts"] == dict(sorted(counts.items())) and a["n_dropped"] == 0

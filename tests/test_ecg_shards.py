@@ -28,9 +28,9 @@ def test_atomic_write_failure_leaves_nothing(tmp_path, monkeypatch):
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["x.npy"]
 
 
-def test_manifest_schema_and_checksums(mitdb_dir, tmp_path):
+def test_manifest_schema_and_checksums(real_mitdb_dir, tmp_path):
     out = tmp_path / "out"
-    s = tokenize_directory(mitdb_dir, out, params=TokenizerParams(), options=RecordOptions(sampto=360 * 30),
+    s = tokenize_directory(real_mitdb_dir, out, params=TokenizerParams(), options=RecordOptions(sampto=360 * 30),
                            records=["102", "201"], progress=False)
     m = read_manifest(out)
     assert m["format"] == "hlmtune.ecg_tokens" and m["format_version"] == 2 and m["scheme"] == "samples"
@@ -45,7 +45,7 @@ def test_manifest_schema_and_checksums(mitdb_dir, tmp_path):
     assert r201["rhythm_counts"] and sum(r201["rhythm_counts"].values()) == r201["n_beats"]
     for r in m["records"]:
         for name, sha in r["inputs"].items():
-            assert hashlib.sha256((mitdb_dir / name).read_bytes()).hexdigest() == sha
+            assert hashlib.sha256((real_mitdb_dir / name).read_bytes()).hexdigest() == sha
         for kind, o in r["outputs"].items():
             data = (out / o["file"]).read_bytes()
             assert hashlib.sha256(data).hexdigest() == o["sha256"] and len(data) == o["bytes"]

@@ -26,10 +26,13 @@ def test_pack_names_win_over_torchtune():
 
 
 def test_recipe_file_path_and_copies(tmp_path):
-    copy = tmp_path / "qat_distributed.py"
-    copy.write_text("")
+    copy = tmp_path / "my_qat.py"  # any name: the class's SPEC says what it is
+    copy.write_text((ROOT / "recipes" / "qat_distributed.py").read_text())
     r = resolve_recipe(str(copy))
-    assert r.path == copy.resolve() and r.pack  # a copy keeps the pack's key checks
+    assert r.path == copy.resolve() and r.pack and r.spec.name == "qat_distributed"
+    unknown = tmp_path / "qat_distributed.py"  # a pack name but no spec: not validated
+    unknown.write_text("print('mine')\n")
+    assert not resolve_recipe(str(unknown)).pack
 
 
 def test_config_resolution(tmp_path):

@@ -9,15 +9,6 @@ from hlmtune._compat import load_config
 from hlmtune.registry import config_path
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from hlmtune.tiny import write_tiny_assets
-
-    out = tmp_path_factory.mktemp("tiny")
-    write_tiny_assets(out)
-    return out
-
-
 @pytest.fixture
 def dist_env(monkeypatch):
     """init_distributed sets RANK/WORLD_SIZE/... for a plain process; undo that afterwards."""
@@ -96,3 +87,39 @@ def test_full_finetune_without_checkpointer_trains_from_scratch(dist_env, tiny_m
         assert r.global_step == 3
     finally:
         r.cleanup()
+
+
+def test_selective_activation_checkpointing_wraps_every_nth_layer(dist_env, tiny_model, text_data_dir, tmp_path):
+    """ac_mode/ac_option as torchtune's full_finetune_distributed reads them; same loss and grads."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    cls = "hlmtune.recipes.full_finetune_distributed.FullFinetuneRecipeDistributed"
+    results = {}
+    for name, overrides in (("off", []), ("every2", ["ac_mode=selective", "ac_option=2"]), ("full", ["ac_mode=full"])):
+        r = _recipe(cls, "tiny_full", tiny_model, text_data_dir, tmp_path / name, overrides=["batch_size=2", *overrides])
+        try:
+            wrapped = [isinstance(layer, CheckpointWrapper) for layer in r._model.layers]
+            out = r.train_step(dict(next(iter(r._dataloader))))
+            grad = r._model.tok_embeddings.weight.grad.detach().clone()
+            results[name] = (wrapped, float(out["loss_sum"]), grad)
+        finally:
+            r.cleanup()
+    assert results["off"][0] == [False, False]
+    assert results["every2"][0] == [False, True]  # layers N-1, 2N-1, ...: the 2nd of 2
+    assert results["full"][0] == [True, True]
+    for name in ("every2", "full"):  # recomputation changes memory, not numbers
+        assert results[name][1] == pytest.approx(results["off"][1], rel=1e-6)
+        assert torch.allclose(results[name][2], results["off"][2], rtol=1e-5, atol=1e-7)
+
+
+def test_log_peak_memory_stats_false_turns_memory_metrics_off(dist_env, tiny_model, text_data_dir, tmp_path):
+    cls = "hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed"
+    for flag, expect in (("True", True), ("False", False)):
+        r = _recipe(cls, "tiny_lora", tiny_model, text_data_dir, tmp_path / flag,
+                    overrides=["batch_size=2", f"log_peak_memory_stats={flag}"])
+        try:
+            metrics = r._one_optimizer_step(iter(r._dataloader))
+            assert ("peak_rss_gib" in metrics) is expect and ("peak_rss_gib_rank0" in metrics) is expect
+            assert metrics["loss"] > 0 and "tokens_per_second" in metrics
+        finally:
+            r.cleanup()

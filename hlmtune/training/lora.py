@@ -25,10 +25,8 @@ class LoRAMixin:
         set_trainable_params(model, get_adapter_params(model))
 
     def method_name(self, cfg: DictConfig) -> str:
-        """``qlora`` when the base is NF4 (``quantize_base`` or a ``qlora_*`` builder)."""
-        comp = str(cfg.model.get("_component_", ""))
-        nf4 = bool(cfg.model.get("quantize_base", False)) or comp.rsplit(".", 1)[-1].startswith("qlora_")
-        return ("q" + self.METHOD) if nf4 and self.METHOD.startswith("lora") else self.METHOD
+        """The spec's ``nf4_method`` (``qlora``) when the base is NF4 (``quantize_base`` or a ``qlora_*`` builder)."""
+        return self.SPEC.method_label(str(cfg.model.get("_component_", "")), bool(cfg.model.get("quantize_base", False)))
 
     def extra_init_state_dict(self, model: torch.nn.Module) -> Dict[str, torch.Tensor]:
         """Adapter initial values drawn from the config seed, in module order.

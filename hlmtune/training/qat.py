@@ -91,17 +91,13 @@ class QATMixin:
         tune_sd = dict(payload[training.MODEL_KEY]) if payload is not None else None
         self._write_export(payload, epoch)
         last = self.epochs_run >= self.total_epochs
-        qcfg = self._cfg.get("quantize", None) or {}
-        if last and qcfg.get("enabled", True) and self._is_rank_zero:
+        if last and self.options.quantize.enabled and self._is_rank_zero:
             self.quantize_and_save(tune_sd)
         torch.distributed.barrier()
 
     def quantized_model_config(self) -> DictConfig:
         """Model config the quantized model is built from (``quantize.model`` or the base of ``model``)."""
-        qcfg = self._cfg.get("quantize", None) or {}
-        if qcfg.get("model", None) is not None:
-            return qcfg.model
-        return base_model_config(self._cfg.model)
+        return self._cfg.quantize.model if self.options.quantize.model is not None else base_model_config(self._cfg.model)
 
     def quantize_and_save(self, full_sd: Dict[str, torch.Tensor]) -> Path:
         """Quantize the trained weights and prove the result loads and runs.
@@ -112,8 +108,8 @@ class QATMixin:
         Returns:
             Path: the quantized checkpoint.
         """
-        qcfg = self._cfg.get("quantize", None) or {}
-        quantizer = self._make_quantizer(qcfg.get("quantizer", None) or self._cfg.quantizer)
+        q = self.options.quantize
+        quantizer = self._make_quantizer(self._cfg.quantize.quantizer if q.quantizer is not None else self._cfg.quantizer)
         model_cfg = self.quantized_model_config()
 
         def build() -> torch.nn.Module:
@@ -127,7 +123,7 @@ class QATMixin:
         qsd = model.state_dict()
         out_dir = Path(self._cfg.output_dir) / "quantized"
         out_dir.mkdir(parents=True, exist_ok=True)
-        name = qcfg.get("output_name", None) or f"model-{self._quantizer_mode.replace('-qat', '')}.pt"
+        name = q.output_name or f"model-{self._quantizer_mode.replace('-qat', '')}.pt"
         path = out_dir / name
         atomic_torch_save(qsd, path)
         # Prove it: a fresh converted model loads the file (weights_only) and runs.

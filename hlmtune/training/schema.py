@@ -1,10 +1,18 @@
 """Config checks: unknown keys and typos are errors naming the closest key.
 
-Each pack recipe accepts every top-level key its same-named torchtune recipe reads or its
-shipped configs carry (lists taken from torchtune 0.6.1's recipes and
-``recipes/configs``), plus the pack's own keys. Every ``_component_`` node is checked
-against the real signature of what it names, so a misspelt builder argument fails at
-validation time instead of as a ``TypeError`` deep inside ``instantiate``.
+Each pack recipe declares (``hlmtune.training.spec.RecipeSpec``) the torchtune recipe it
+mirrors and the keys it adds; it accepts every top-level key that torchtune recipe reads or
+its shipped configs carry (lists taken from torchtune 0.6.1's recipes and
+``recipes/configs``), plus the pack's own keys (``hlmtune.training.options``). Every
+``_component_`` node is checked against the real signature of what it names, so a misspelt
+builder argument fails at validation time instead of as a ``TypeError`` deep inside
+``instantiate``.
+
+Not everything accepted is an error or honoured: :func:`config_warnings` lists, one line
+per key, the keys that are accepted but do nothing here (a key another torchtune recipe
+reads, e.g. ``save_adapter_weights_only`` in a full-weight config copied from a LoRA one; a
+torchtune key the pack does not implement, e.g. ``enable_async_checkpointing: True``), so a
+config torchtune's recipe runs also runs here, and says what it ignores.
 """
 
 from __future__ import annotations
@@ -12,9 +20,13 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping
+import re
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Union
 
 from omegaconf import DictConfig, OmegaConf
+
+from hlmtune.training.options import PACK_KEY_DOCS, PackOptions, parse_pack_options
+from hlmtune.training.spec import RecipeSpec, pack_specs
 
 # Keys every torchtune fine-tuning recipe reads.
 _TORCHTUNE_COMMON = frozenset(
@@ -35,37 +47,38 @@ _FULL = frozenset(
 )
 _QAT = frozenset({"quantizer", "fake_quant_after_n_steps"})
 
-# The pack's own keys, on every recipe.
-PACK_KEYS = frozenset(
-    {
-        "data_loader",  # {pin_memory, num_workers, split, prefetch_factor, persistent_workers}
-        "data_parallel",  # auto | fsdp | ddp
-        "save_every_n_steps",  # mid-epoch resumable checkpoints
-        "keep_last_n_checkpoints",
-        "model_dir",  # the downloaded model directory, referenced as ${model_dir} by other keys
-        "data_dir",  # a local data directory, referenced as ${data_dir}
-    }
-)
+# The top-level keys of the torchtune 0.6.1 recipes a pack recipe may mirror (RecipeSpec.mirrors).
+TORCHTUNE_RECIPE_KEYS: Dict[str, FrozenSet[str]] = {
+    "lora_finetune_distributed": _TORCHTUNE_COMMON | _LORA,
+    "full_finetune_distributed": _TORCHTUNE_COMMON | _FULL,
+    "lora_dpo_distributed": _TORCHTUNE_COMMON | _LORA,
+    "full_dpo_distributed": _TORCHTUNE_COMMON | _FULL | frozenset({"ref_checkpointer"}),
+    "qat_distributed": _TORCHTUNE_COMMON | _FULL | _QAT,
+    "qat_lora_finetune_distributed": _TORCHTUNE_COMMON | _LORA | _QAT,
+}
+# Keys only torchtune's other recipes read (single-device, knowledge distillation).
+_OTHER_TORCHTUNE = frozenset({"low_cpu_ram", "teacher_model", "teacher_checkpointer", "kd_loss", "kd_ratio"})
+ANY_TORCHTUNE_KEYS: FrozenSet[str] = frozenset().union(*TORCHTUNE_RECIPE_KEYS.values()) | _OTHER_TORCHTUNE
 
-RECIPE_KEYS: Dict[str, FrozenSet[str]] = {
-    "lora_finetune_distributed": _TORCHTUNE_COMMON | _LORA | PACK_KEYS,
-    "full_finetune_distributed": _TORCHTUNE_COMMON | _FULL | PACK_KEYS,
-    "lora_dpo_distributed": _TORCHTUNE_COMMON | _LORA | PACK_KEYS,
-    "full_dpo_distributed": _TORCHTUNE_COMMON | _FULL | frozenset({"ref_checkpointer"}) | PACK_KEYS,
-    "qat_distributed": _TORCHTUNE_COMMON | _FULL | _QAT | frozenset({"quantize"}) | PACK_KEYS,
-    "qat_lora_finetune_distributed": _TORCHTUNE_COMMON | _LORA | _QAT | frozenset({"quantize"}) | PACK_KEYS,
+# The pack's own keys, on every recipe: the typed options (hlmtune.training.options) and
+# two folder variables the shipped configs reference as ${model_dir} / ${data_dir}. Any
+# other top-level key that the config references by interpolation (e.g. ${shards_dir}) is a
+# config variable too and is accepted.
+PACK_KEYS = frozenset(PACK_KEY_DOCS) | frozenset({"model_dir", "data_dir"})
+
+# Keys a mirrored torchtune recipe reads that the pack accepts but does not implement:
+# key -> (value that is honoured anyway, why it is ignored otherwise).
+NOT_HONOURED: Dict[str, tuple] = {
+    "enable_async_checkpointing": (lambda v: not v, "checkpoints are written synchronously"),
+    "tensor_parallel_plan": (lambda v: v is None, "the pack recipes are data parallel only"),
+    "fsdp": (lambda v: False, "set fsdp_cpu_offload / fsdp_reshard_after_forward instead"),
 }
 
-# Keys a recipe cannot run without.
+# Keys a recipe cannot run without (a spec's `requires` adds to them).
 REQUIRED_KEYS = frozenset(
     {"output_dir", "tokenizer", "model", "dataset", "seed", "shuffle", "batch_size", "optimizer",
      "loss", "epochs", "metric_logger", "device", "dtype"}
 )
-
-DATA_LOADER_KEYS = frozenset({"pin_memory", "num_workers", "split", "prefetch_factor", "persistent_workers"})
-QUANTIZE_KEYS = frozenset({"enabled", "quantizer", "model", "output_name"})
-SPLIT_CHOICES = ("distributed", "contiguous")
-DATA_PARALLEL_CHOICES = ("auto", "fsdp", "ddp")
 
 # Arguments the recipe passes itself, per config section (so configs must not give them).
 _RECIPE_SUPPLIED = {
@@ -76,13 +89,82 @@ _RECIPE_SUPPLIED = {
 }
 
 
+def accepted_keys(spec: RecipeSpec) -> FrozenSet[str]:
+    """Top-level keys a recipe accepts: its mirrored torchtune recipe's, its own, the pack's.
+
+    Raises:
+        ConfigError: the spec mirrors a recipe missing from ``TORCHTUNE_RECIPE_KEYS``.
+    """
+    if spec.mirrors not in TORCHTUNE_RECIPE_KEYS:
+        raise ConfigError(
+            f"recipe {spec.name} mirrors '{spec.mirrors}'{_closest(spec.mirrors, TORCHTUNE_RECIPE_KEYS)}; "
+            f"known: {', '.join(sorted(TORCHTUNE_RECIPE_KEYS))}"
+        )
+    return TORCHTUNE_RECIPE_KEYS[spec.mirrors] | frozenset(spec.adds) | frozenset(spec.requires) | PACK_KEYS
+
+
+def recipe_spec(recipe: Union[str, RecipeSpec]) -> RecipeSpec:
+    """The spec of a pack recipe name (a spec passes through).
+
+    Raises:
+        ConfigError: not a pack recipe (names the closest).
+    """
+    if isinstance(recipe, RecipeSpec):
+        return recipe
+    specs = pack_specs()
+    if recipe not in specs:
+        raise ConfigError(f"unknown recipe '{recipe}'{_closest(recipe, specs)}; known: {', '.join(sorted(specs))}")
+    return specs[recipe]
+
+
 class ConfigError(ValueError):
-    """A config that cannot run; the message lists every problem with its key path."""
+    """A config that cannot run; the message lists every problem with its key path.
+
+    Attributes:
+        problems (List[str]): one line per problem (the message without its header).
+    """
+
+    def __init__(self, message: str, problems: List[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems is not None else [message]
 
 
 def _closest(name: str, choices: Iterable[str]) -> str:
     match = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+# Accepted keys per pack recipe, derived from the specs.
+RECIPE_KEYS: Dict[str, FrozenSet[str]] = {name: accepted_keys(s) for name, s in pack_specs().items()}
+
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def config_variables(cfg: Any) -> FrozenSet[str]:
+    """Top-level keys that other values reference as ``${key}`` (folder variables and the like).
+
+    Args:
+        cfg (Any): an unresolved ``DictConfig`` (a plain mapping has no interpolations left).
+
+    Returns:
+        FrozenSet[str]: referenced top-level key names present in the config.
+    """
+    if not isinstance(cfg, DictConfig):
+        return frozenset()
+    found: set = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, str):
+            found.update(_INTERPOLATION.findall(node))
+        elif isinstance(node, Mapping):
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(OmegaConf.to_container(cfg, resolve=False))
+    return frozenset(k for k in found if k in cfg)
 
 
 def resolve_component(path: str) -> Callable[..., Any]:
@@ -163,32 +245,46 @@ def _check_component(node: Mapping[str, Any], where: str, errors: List[str]) -> 
             _check_component(v, f"{where}.{k}", errors)
 
 
-def validate_config(cfg: DictConfig | Mapping[str, Any], recipe: str, *, check_components: bool = True) -> None:
+def _plain(cfg: DictConfig | Mapping[str, Any]) -> Dict[str, Any]:
+    if isinstance(cfg, DictConfig):
+        try:
+            return OmegaConf.to_container(cfg, resolve=True)
+        except Exception as e:  # omegaconf's InterpolationResolutionError and kin
+            raise ConfigError(f"cannot resolve the config: {str(e).splitlines()[0]}") from None
+    return dict(cfg)
+
+
+def validate_config(
+    cfg: DictConfig | Mapping[str, Any], recipe: Union[str, RecipeSpec], *, check_components: bool = True
+) -> PackOptions:
     """Check a resolved config against a recipe.
 
     Args:
         cfg (DictConfig | Mapping[str, Any]): the config, overrides applied.
-        recipe (str): a pack recipe name (a key of ``RECIPE_KEYS``).
+        recipe (Union[str, RecipeSpec]): a pack recipe name, or the spec of a recipe file.
         check_components (bool): also import every ``_component_`` and check its arguments.
+
+    Returns:
+        PackOptions: the pack's own keys, parsed (what the recipe uses).
 
     Raises:
         ConfigError: listing every unknown key (with the closest known one), missing
             required key, bad value and bad component argument.
     """
-    if recipe not in RECIPE_KEYS:
-        raise ConfigError(f"unknown recipe '{recipe}'{_closest(recipe, RECIPE_KEYS)}; known: {', '.join(sorted(RECIPE_KEYS))}")
-    if isinstance(cfg, DictConfig):
-        data = OmegaConf.to_container(cfg, resolve=True)
-    else:
-        data = dict(cfg)
-    allowed = RECIPE_KEYS[recipe]
+    spec = recipe_spec(recipe)
+    data = _plain(cfg)
+    allowed = accepted_keys(spec)
+    variables = config_variables(cfg)
     errors: List[str] = []
     for key in data:
-        if key not in allowed:
-            errors.append(f"unknown key '{key}' for recipe {recipe}{_closest(key, allowed)}")
+        if key not in allowed and key not in ANY_TORCHTUNE_KEYS and key not in variables:
+            errors.append(f"unknown key '{key}' for recipe {spec.name}{_closest(key, allowed)}")
     for key in sorted(REQUIRED_KEYS - set(data)):
         errors.append(f"missing required key '{key}'")
-    _check_values(data, recipe, errors)
+    for key in spec.requires:
+        if data.get(key) is None:
+            errors.append(f"missing required key '{key}' ({spec.name} cannot run without it)")
+    options = _check_values(data, allowed, errors)
     if check_components:
         for key, value in data.items():
             if key not in allowed:
@@ -200,10 +296,42 @@ def validate_config(cfg: DictConfig | Mapping[str, Any], recipe: str, *, check_c
                     if isinstance(item, Mapping) and "_component_" in item:
                         _check_component(item, f"{key}[{i}]", errors)
     if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors), errors)
+    return options
 
 
-def _check_values(data: Mapping[str, Any], recipe: str, errors: List[str]) -> None:
+def config_warnings(cfg: DictConfig | Mapping[str, Any], recipe: Union[str, RecipeSpec]) -> List[str]:
+    """One line per key the recipe accepts but does not honour (``validate``/``run`` print them).
+
+    Args:
+        cfg (DictConfig | Mapping[str, Any]): the config, overrides applied.
+        recipe (Union[str, RecipeSpec]): a pack recipe name, or the spec of a recipe file.
+
+    Returns:
+        List[str]: warnings, naming the key, its value and why it has no effect.
+    """
+    spec = recipe_spec(recipe)
+    data = _plain(cfg)
+    allowed = accepted_keys(spec)
+    owners = {k: sorted(r for r, keys in TORCHTUNE_RECIPE_KEYS.items() if k in keys) for k in ANY_TORCHTUNE_KEYS}
+    out: List[str] = []
+    for key, value in data.items():
+        if key not in allowed and key in ANY_TORCHTUNE_KEYS:
+            read_by = ", ".join(owners[key]) or "torchtune's single-device / distillation recipes"
+            out.append(f"key '{key}' ({value!r}) is ignored: {read_by} read it, {spec.name} does not")
+        elif key in NOT_HONOURED and key in allowed:
+            honoured, why = NOT_HONOURED[key]
+            if not honoured(value):
+                out.append(f"key '{key}' ({value!r}) is ignored by {spec.name}: {why}")
+    if "ac_mode" in allowed and data.get("ac_mode") is not None and data.get("enable_activation_checkpointing"):
+        out.append(
+            f"keys 'ac_mode' ({data['ac_mode']!r}) and 'enable_activation_checkpointing' (True) are both set: "
+            "as in torchtune 0.6.1, no activation checkpointing is applied (set one of them)"
+        )
+    return out
+
+
+def _check_values(data: Mapping[str, Any], allowed: FrozenSet[str], errors: List[str]) -> PackOptions:
     def positive_int(key: str, allow_none: bool = False) -> None:
         if key not in data:
             return
@@ -215,7 +343,7 @@ def _check_values(data: Mapping[str, Any], recipe: str, errors: List[str]) -> No
 
     for key in ("batch_size", "epochs", "gradient_accumulation_steps"):
         positive_int(key)
-    for key in ("max_steps_per_epoch", "save_every_n_steps", "log_every_n_steps", "keep_last_n_checkpoints"):
+    for key in ("max_steps_per_epoch", "log_every_n_steps"):
         positive_int(key, allow_none=True)
     if "dtype" in data and data["dtype"] not in ("fp32", "bf16"):
         errors.append(f"dtype must be 'fp32' or 'bf16', got {data['dtype']!r}")
@@ -223,42 +351,12 @@ def _check_values(data: Mapping[str, Any], recipe: str, errors: List[str]) -> No
         dev = str(data["device"])
         if dev.split(":")[0] not in ("cpu", "cuda"):
             errors.append(f"device must be 'cpu' or 'cuda', got {dev!r}")
-    dp = data.get("data_parallel", "auto")
-    if dp not in DATA_PARALLEL_CHOICES:
-        errors.append(f"data_parallel must be one of {DATA_PARALLEL_CHOICES}, got {dp!r}{_closest(str(dp), DATA_PARALLEL_CHOICES)}")
-    dl = _pack_section(data, "data_loader", DATA_LOADER_KEYS, errors)
-    if dl:
-        if dl.get("split", "distributed") not in SPLIT_CHOICES:
-            errors.append(f"data_loader.split must be one of {SPLIT_CHOICES}, got {dl.get('split')!r}")
-        nw = dl.get("num_workers", 0)
-        if not isinstance(nw, int) or nw < 0:
-            errors.append(f"data_loader.num_workers must be an integer >= 0, got {nw!r}")
-    _pack_section(data, "quantize", QUANTIZE_KEYS, errors)
-    if data.get("optimizer_in_bwd"):
+    if "optimizer_in_bwd" in allowed and data.get("optimizer_in_bwd"):
         errors.append("optimizer_in_bwd=True is not supported by the pack recipes (use a paged 8-bit optimizer to save memory)")
-    tp = data.get("tensor_parallel_dim", 1)
+    tp = data.get("tensor_parallel_dim", 1) if "tensor_parallel_dim" in allowed else 1
     if tp not in (None, 1):
         errors.append(f"tensor_parallel_dim={tp!r}: the pack recipes are data parallel only (use 1)")
-    if recipe.startswith("qat") and "quantizer" not in data:
-        errors.append("missing required key 'quantizer' (QAT recipes need a QAT quantizer)")
-    if recipe.endswith("dpo_distributed") and "checkpointer" not in data:
-        errors.append("missing required key 'checkpointer' (DPO starts from a trained model)")
-    if recipe != "full_finetune_distributed" and "checkpointer" not in data:
-        errors.append("missing required key 'checkpointer'")
-
-
-def _pack_section(data: Mapping[str, Any], name: str, allowed: FrozenSet[str], errors: List[str]) -> Mapping[str, Any]:
-    """Check a pack section (a plain mapping of known keys); returns it, or {} when absent or bad."""
-    section = data.get(name)
-    if section is None:
-        return {}
-    if not isinstance(section, Mapping):
-        errors.append(f"{name} must be a mapping, got {section!r}")
-        return {}
-    for k in section:
-        if k not in allowed:
-            errors.append(f"unknown key '{name}.{k}'{_closest(k, allowed)}")
-    return section
+    return parse_pack_options(data, allowed, errors, _closest)
 
 
 def build_model_on_meta(cfg_model: DictConfig, dtype: str = "bf16") -> int:

@@ -1,0 +1,219 @@
+"""The pack's own config keys as typed dataclasses: one owner for names, defaults and checks.
+
+torchtune's recipes read their keys ad hoc (``cfg.get("x", default)`` wherever needed);
+the pack's own keys (``data_loader``, ``data_parallel``, ``save_every_n_steps``,
+``keep_last_n_checkpoints``, ``quantize``) and the torchtune keys whose semantics the
+pack implements itself (``ac_mode``/``ac_option``, ``log_peak_memory_stats``) are parsed
+here once, after torchtitan's ``JobConfig``: validation (``hlmtune validate``, ``hlmtune
+run`` before launch) and the recipe read the same :class:`PackOptions`, so a name, a
+default or an allowed value lives in exactly one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Mapping, Optional, Tuple
+
+SPLIT_CHOICES = ("distributed", "contiguous")
+DATA_PARALLEL_CHOICES = ("auto", "fsdp", "ddp")
+AC_MODES = ("none", "full", "selective")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _bool(v: Any) -> Optional[str]:
+    return None if isinstance(v, bool) else "must be True or False"
+
+
+def _int_ge0(v: Any) -> Optional[str]:
+    return None if _is_int(v) and v >= 0 else "must be an integer >= 0"
+
+
+def _opt_int_gt0(v: Any) -> Optional[str]:
+    return None if v is None or (_is_int(v) and v > 0) else "must be a positive integer or null"
+
+
+def _choice(choices: Tuple[str, ...]) -> Callable[[Any], Optional[str]]:
+    def check(v: Any) -> Optional[str]:
+        return None if v in choices else f"must be one of {choices}"
+
+    check.choices = choices  # type: ignore[attr-defined]  # for the did-you-mean hint
+    return check
+
+
+def _opt_str(v: Any) -> Optional[str]:
+    return None if v is None or isinstance(v, str) else "must be a string or null"
+
+
+def _any(v: Any) -> Optional[str]:
+    return None
+
+
+def _key(default: Any, check: Callable[[Any], Optional[str]], doc: str) -> Any:
+    """A dataclass field with its check and one-line meaning (shown in docs/configs.md)."""
+    return field(default=default, metadata={"check": check, "doc": doc})
+
+
+@dataclass(frozen=True)
+class DataLoaderOptions:
+    """``data_loader``: how batches are loaded on each rank."""
+
+    pin_memory: bool = _key(False, _bool, "CUDA only: page-locked host batches, faster copies")
+    num_workers: int = _key(0, _int_ge0, "loader worker processes per rank (0: load in the training process)")
+    split: str = _key("distributed", _choice(SPLIT_CHOICES), "distributed: interleaved over ranks; contiguous: rank r reads block r")
+    prefetch_factor: Optional[int] = _key(None, _opt_int_gt0, "batches prefetched per worker (num_workers > 0)")
+    persistent_workers: bool = _key(False, _bool, "keep workers alive between epochs (num_workers > 0)")
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """``quantize`` (QAT recipes): the post-training conversion after the last epoch."""
+
+    enabled: bool = _key(True, _bool, "write <output_dir>/quantized/ after the last epoch")
+    quantizer: Any = _key(None, _any, "quantizer component (default: the training quantizer)")
+    model: Any = _key(None, _any, "model component to quantize (default: the base of `model`)")
+    output_name: Optional[str] = _key(None, _opt_str, "file name (default: model-<mode>.pt)")
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointing:
+    """Activation checkpointing, from torchtune's three keys.
+
+    torchtune 0.6.1 (``full_finetune_distributed``, ``qat_distributed``): with
+    ``enable_activation_checkpointing: True`` and no ``ac_mode``, every transformer layer is
+    checkpointed; with ``enable_activation_checkpointing: False`` and ``ac_mode`` set,
+    ``full`` checkpoints every layer and ``selective`` with ``ac_option: N`` every N-th
+    layer (``0``: every layer). With both set torchtune applies neither (validation warns).
+
+    Attributes:
+        every_n_layers (int): 0 = off; 1 = every layer; N = layers N-1, 2N-1, ... (0-based).
+    """
+
+    every_n_layers: int = 0
+
+    def layers(self, num_layers: int) -> List[int]:
+        """0-based indices of the layers to checkpoint."""
+        if self.every_n_layers <= 0:
+            return []
+        return [i for i in range(num_layers) if (i + 1) % self.every_n_layers == 0]
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Everything the pack parses itself, with defaults; built by :func:`parse_pack_options`."""
+
+    data_loader: DataLoaderOptions = field(default_factory=DataLoaderOptions)
+    data_parallel: str = "auto"
+    save_every_n_steps: Optional[int] = None
+    keep_last_n_checkpoints: Optional[int] = None
+    quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
+    activation_checkpointing: ActivationCheckpointing = field(default_factory=ActivationCheckpointing)
+    log_peak_memory_stats: bool = True
+
+
+# The pack's own top-level keys (every recipe accepts them) and what each holds.
+PACK_KEY_DOCS = {
+    "data_loader": "mapping: " + ", ".join(f.name for f in dataclasses.fields(DataLoaderOptions)),
+    "data_parallel": f"one of {DATA_PARALLEL_CHOICES}: auto = FSDP2 on CUDA, DDP on CPU",
+    "save_every_n_steps": "resumable checkpoint every N optimizer steps (null: epoch ends only)",
+    "keep_last_n_checkpoints": "older resumable checkpoints are deleted (null: keep all)",
+}
+
+
+def section_keys(cls: type) -> frozenset:
+    """The keys a section dataclass accepts."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def _parse_section(cls: type, data: Any, name: str, errors: List[str], closest: Callable[[str, Any], str]) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, Mapping):
+        errors.append(f"{name} must be a mapping, got {data!r}")
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        f = fields.get(k)
+        if f is None:
+            errors.append(f"unknown key '{name}.{k}'{closest(str(k), fields)}")
+            continue
+        check = f.metadata["check"]
+        problem = check(v)
+        if problem:
+            choices = getattr(check, "choices", None)
+            hint = closest(str(v), choices) if choices else ""
+            errors.append(f"{name}.{k} {problem}, got {v!r}{hint}")
+            continue
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+def _parse_ac(data: Mapping[str, Any], accepted: frozenset, errors: List[str]) -> ActivationCheckpointing:
+    enable = bool(data.get("enable_activation_checkpointing", False))
+    mode = data.get("ac_mode", None) if "ac_mode" in accepted else None
+    option = data.get("ac_option", None) if "ac_option" in accepted else None
+    if mode is None:
+        return ActivationCheckpointing(1 if enable else 0)
+    if mode not in AC_MODES:
+        errors.append(f"ac_mode must be one of {AC_MODES} or null, got {mode!r}")
+        return ActivationCheckpointing()
+    if enable:  # torchtune applies neither; config_warnings says so
+        return ActivationCheckpointing()
+    if mode == "none":
+        return ActivationCheckpointing()
+    if mode == "full":
+        return ActivationCheckpointing(1)
+    if isinstance(option, str) and option.isdigit():
+        option = int(option)  # torchtune accepts '2' as 2
+    if option == "op":
+        errors.append("ac_option='op' (selective op checkpointing) is not implemented in torchtune 0.6.1: use an integer N (every N-th layer)")
+        return ActivationCheckpointing()
+    if not _is_int(option) or option < 0:
+        errors.append(f"ac_option must be an integer >= 0 with ac_mode=selective (checkpoint every N-th layer, 0 = all), got {option!r}")
+        return ActivationCheckpointing()
+    return ActivationCheckpointing(option if option > 0 else 1)
+
+
+def parse_pack_options(
+    data: Mapping[str, Any], accepted: frozenset, errors: List[str], closest: Callable[[str, Any], str]
+) -> PackOptions:
+    """Parse and check the pack's keys of a resolved config.
+
+    Args:
+        data (Mapping[str, Any]): the resolved config (plain containers).
+        accepted (frozenset): top-level keys the recipe accepts (keys it does not read, such
+            as ``ac_mode`` on a LoRA recipe, keep their defaults).
+        errors (List[str]): problems are appended here, one line each, naming the key.
+        closest (Callable[[str, Any], str]): ``" (did you mean 'x'?)"`` helper.
+
+    Returns:
+        PackOptions: parsed values; defaults where a key is absent or bad.
+    """
+    kw: dict = {}
+    kw["data_loader"] = _parse_section(DataLoaderOptions, data.get("data_loader"), "data_loader", errors, closest)
+    if "quantize" in accepted:
+        kw["quantize"] = _parse_section(QuantizeOptions, data.get("quantize"), "quantize", errors, closest)
+    dp = data.get("data_parallel", "auto")
+    if dp not in DATA_PARALLEL_CHOICES:
+        errors.append(f"data_parallel must be one of {DATA_PARALLEL_CHOICES}, got {dp!r}{closest(str(dp), DATA_PARALLEL_CHOICES)}")
+    else:
+        kw["data_parallel"] = dp
+    for key in ("save_every_n_steps", "keep_last_n_checkpoints"):
+        v = data.get(key, None)
+        problem = _opt_int_gt0(v)
+        if problem:
+            errors.append(f"{key} {problem}, got {v!r}")
+        else:
+            kw[key] = v
+    kw["activation_checkpointing"] = _parse_ac(data, accepted, errors)
+    peak = data.get("log_peak_memory_stats", True)
+    if peak is not None and not isinstance(peak, bool):
+        errors.append(f"log_peak_memory_stats must be True or False, got {peak!r}")
+    else:
+        # Absent: on (the collector needs memory figures); explicit False turns them off.
+        kw["log_peak_memory_stats"] = True if peak is None else peak
+    return PackOptions(**kw)
