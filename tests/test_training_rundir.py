@@ -99,3 +99,29 @@ def test_folder_problems_are_run_errors(tmp_path):
     (tmp_path / "o" / "checkpoints" / "step_5" / "state.json").write_text("{}")
     check_run_dirs(cfg)
     assert not (tmp_path / "o" / LOCK_NAME).exists() and not rundir._HELD
+
+
+@pytest.mark.slow
+def test_recipe_reports_folder_problems_in_one_line(text_data_dir, tmp_path):
+    """Through `hlmtune run`: no checkpoint to resume, and a DiskLogger log_dir under a file
+    (its __del__ used to add an AttributeError hiding the first error)."""
+    from recipe_runner import HLMTUNE
+
+    from hlmtune.tiny import write_tiny_assets
+
+    model = tmp_path / "tiny"
+    write_tiny_assets(model)
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    common = ["lora_finetune_distributed", "--config", "tiny_lora", f"model_dir={model}", f"data_dir={text_data_dir}",
+              f"output_dir={tmp_path / 'run'}", "max_steps_per_epoch=2"]
+    cases = {
+        "holds no complete checkpoint": ["resume_from_checkpoint=True"],
+        f"metric_logger.log_dir {taken}/logs: cannot be created: {taken} is a file": [
+            "metric_logger._component_=torchtune.training.metric_logging.DiskLogger", f"metric_logger.log_dir={taken}/logs"],
+    }
+    for expected, overrides in cases.items():
+        proc = subprocess.run([HLMTUNE, "run", *common, *overrides], capture_output=True, text=True, timeout=300)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and last.startswith("error: ") and expected in last, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and "has no attribute '_file'" not in proc.stderr
