@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 HLM_DATA ?= $(wildcard $(abspath ../shared/data))
 export HLM_DATA
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo scaling-demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,13 +23,18 @@ install: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
 
+# The main job: the Heart Language Model end to end (MIT-BIH from HLM_DATA, else downloaded, else synthetic).
 demo: $(STAMP)
 	$(VENV)/bin/hlmtune demo --out outputs/demo
+
+scaling-demo: $(STAMP)
+	$(VENV)/bin/hlmtune scaling-demo --out outputs/scaling-demo
 
 bench: $(STAMP)
 	$(PY) benchmarks/recipe_throughput.py
 	$(PY) benchmarks/tokenize_throughput.py
 	$(PY) benchmarks/collector_overhead.py
+	$(PY) benchmarks/ecg_quality.py
 
 clean:
 	rm -rf $(VENV) outputs

@@ -103,7 +103,7 @@ def test_run_help_and_top_level_help():
     assert out.returncode == 0 and "--nproc_per_node" in out.stdout and "tune run hlmtune/recipes" in out.stdout
     out = subprocess.run([HLMTUNE, "--help"], capture_output=True, text=True)
     assert out.returncode == 0
-    for cmd in ("ls", "cp", "run", "validate", "demo", "collect", "tokenize"):
+    for cmd in ("ls", "cp", "run", "validate", "demo", "scaling-demo", "eval", "collect", "tokenize"):
         assert cmd in out.stdout
 
 
@@ -117,9 +117,9 @@ def test_validate_cli(monkeypatch, tmp_path, capsys):
     assert "tokenizer.path" in capsys.readouterr().err
 
 
-def test_demo_without_data_is_a_clear_error(monkeypatch, tmp_path, capsys):
+def test_scaling_demo_without_data_is_a_clear_error(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("HLM_DATA", raising=False)
-    assert main(["demo", "--out", str(tmp_path)]) == 2
+    assert main(["scaling-demo", "--out", str(tmp_path)]) == 2
     assert "HLM_DATA" in capsys.readouterr().err
 
 
@@ -145,11 +145,11 @@ def test_yaml_syntax_error_is_one_line_naming_the_file(tmp_path):
         assert f"{bad}: YAML syntax error at line 3" in proc.stderr and "flow sequence at line 2" in proc.stderr and "fix the file" in proc.stderr
 
 
-def test_demo_into_a_file_is_one_line_exit_2(tmp_path, capsys):
+def test_scaling_demo_into_a_file_is_one_line_exit_2(tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.write_text("x")
     data = tmp_path / "alpaca.jsonl"
     data.write_text('{"instruction": "a", "input": "", "output": "b"}\n')
-    assert main(["demo", "--out", str(taken), "--data", str(data)]) == 2
+    assert main(["scaling-demo", "--out", str(taken), "--data", str(data)]) == 2
     err = capsys.readouterr().err
     assert f"--out {taken}: is a file, not a directory" in err and len(err.strip().splitlines()) == 1

@@ -154,3 +154,13 @@ def test_eval_refuses_a_run_trained_on_test_records(shards, lora_run, tmp_path):
     proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), f"dataset.records=[{shards['test'][0]}]"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "read only by `hlmtune eval`" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_random_beat_split_says_so_on_the_first_line(lora_run, tmp_path):
+    """Asked for explicitly, a random beat split is evaluated on its held-out beats, and labelled."""
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "dataset.split=random", "--max-examples", "32",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0].startswith("RANDOM BEAT SPLIT")
+    assert (tmp_path / "report.md").read_text().startswith("**RANDOM BEAT SPLIT")
+    assert json.loads((tmp_path / "metrics.json").read_text())["split_kind"] == "random_beats"

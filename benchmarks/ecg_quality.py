@@ -1,0 +1,70 @@
+"""Heart Language Model quality, inter-patient: train on MIT-BIH DS1, test on DS2.
+
+Runs the main job (``hlmtune demo``: tokenize -> pretrain -> LoRA -> eval) with the default
+model on this machine's CPUs and prints per-class Se / +P / F1 and macro-F1 beside the
+published inter-patient baselines, the training wall time against the 30-minute budget, and
+the targets of the issue (V F1 >= 0.90, S F1 >= 0.60) as PASS / MISS. Nothing here is tuned on
+DS2: the settings are the shipped defaults.
+
+    HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--pretrain-steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+BUDGET_S = 30 * 60
+TARGETS = {"V": 0.90, "S": 0.60}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("outputs/bench_ecg_quality"), help="work folder")
+    ap.add_argument("--data", default=None, help="MIT-BIH folder (default $HLM_DATA/mitdb)")
+    ap.add_argument("--pretrain-steps", type=int, default=200)
+    ap.add_argument("--finetune-examples", type=int, default=12000)
+    ap.add_argument("--model", default="hlm_1m")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")
+    args = ap.parse_args()
+    if args.data is None and not (os.environ.get("HLM_DATA") and (Path(os.environ["HLM_DATA"]) / "mitdb").is_dir()):
+        print("ecg_quality: needs MIT-BIH: set HLM_DATA (folder with mitdb/) or --data", file=sys.stderr)
+        return 2
+    from hlmtune.hlm.evaluate import BASELINES, baseline_table, class_table
+    from hlmtune.hlm.pipeline import run_pipeline
+
+    t0 = time.perf_counter()
+    report = run_pipeline(out=args.out, data=args.data, source="mitdb", nproc=args.nproc, model=args.model,
+                          pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples, force=args.force)
+    wall = time.perf_counter() - t0
+    metrics = json.loads((report.parent / "metrics.json").read_text())
+    timings = json.loads((report.parent / "timings.json").read_text())
+    r = next(iter(metrics["results"].values()))
+    train_s = timings["pretrain"] + timings["finetune"]
+    print(metrics["notice"])
+    print(f"model {args.model}, {args.nproc} CPU ranks, pretrain {args.pretrain_steps} steps, "
+          f"fine-tune {args.finetune_examples} examples; cpus={os.cpu_count()}, load before/after: see uptime")
+    print(class_table(r))
+    print()
+    print(baseline_table(metrics["results"]))
+    print()
+    print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+    print(f"training (pretrain + fine-tune) {train_s / 60:.1f} min (budget {BUDGET_S // 60} min: "
+          f"{'PASS' if train_s <= BUDGET_S else 'MISS'}); whole job {wall / 60:.1f} min")
+    for c, want in TARGETS.items():
+        got = r["per_class"][c]["f1"]
+        print(f"{c} F1 = {got:.3f} (target >= {want}: {'PASS' if got is not None and got >= want else 'MISS'})")
+    print(f"macro-F1 (N S V F) = {r['macro_f1']:.3f}")
+    print(f"report: {report}")
+    print(json.dumps({"per_class_f1": {c: v["f1"] for c, v in r["per_class"].items()}, "macro_f1": r["macro_f1"],
+                      "train_s": train_s, "baselines": BASELINES}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

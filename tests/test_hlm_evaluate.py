@@ -1,0 +1,54 @@
+"""Evaluation arithmetic against hand-computed values, the baseline table, and the report guards."""
+
+from __future__ import annotations
+
+import pytest
+
+from hlmtune.hlm import evaluate as ev
+
+
+def test_metrics_match_a_hand_computed_confusion():
+    # true N: 90 N, 6 S, 4 V; true S: 3 N, 7 S; true V: 1 N, 1 S, 8 V
+    m = [[90, 6, 4], [3, 7, 0], [1, 1, 8]]
+    assert ev.confusion_matrix([0, 0, 1, 2, 2], [0, 1, 1, 2, 0], 3) == [[1, 1, 0], [0, 1, 0], [1, 0, 1]]
+    r = ev.summarize(m, ["N", "S", "V"])
+    s = r["per_class"]["S"]
+    assert s["support"] == 10 and s["tp"] == 7 and s["fn"] == 3 and s["fp"] == 7
+    assert s["se"] == pytest.approx(0.7) and s["ppv"] == pytest.approx(0.5)
+    assert s["f1"] == pytest.approx(2 * 0.7 * 0.5 / 1.2)
+    v = r["per_class"]["V"]
+    assert v["se"] == pytest.approx(0.8) and v["ppv"] == pytest.approx(8 / 12)
+    n = r["per_class"]["N"]
+    assert n["se"] == pytest.approx(0.9) and n["ppv"] == pytest.approx(90 / 94)
+    assert r["macro_f1"] == pytest.approx((n["f1"] + s["f1"] + v["f1"]) / 3)
+    assert r["accuracy"] == pytest.approx(105 / 120) and r["n"] == 120
+
+
+def test_undefined_figures_are_none_not_zero():
+    r = ev.summarize([[5, 0], [0, 0]], ["N", "S"])
+    assert r["per_class"]["S"]["se"] is None and r["per_class"]["S"]["ppv"] is None
+    assert r["macro_f1"] == pytest.approx(1.0)  # classes without test beats do not count
+    r = ev.summarize([[5, 0], [2, 0]], ["N", "S"])
+    assert r["per_class"]["S"]["se"] == 0.0 and r["per_class"]["S"]["ppv"] is None and r["per_class"]["S"]["f1"] == 0.0
+
+
+def test_baselines_are_the_papers_figures():
+    """Only what the papers state (developers' guide): de Chazal, Zhang Se/+P; Niu F1."""
+    b = {x["method"].split(" ")[0]: x for x in ev.BASELINES}
+    assert (b["de"]["S_se"], b["de"]["S_ppv"], b["de"]["V_se"], b["de"]["V_ppv"]) == (76.0, 38.0, 77.0, 82.0)
+    assert (b["Zhang"]["S_se"], b["Zhang"]["S_ppv"], b["Zhang"]["V_se"], b["Zhang"]["V_ppv"]) == (79.1, 36.0, 85.5, 92.7)
+    assert (b["Niu"]["S_f1"], b["Niu"]["V_f1"]) == (0.766, 0.897) and "S_se" not in b["Niu"]
+    ours = {"ours": ev.summarize([[90, 6, 4], [3, 7, 0], [1, 1, 8]], ["N", "S", "V"])}
+    table = ev.baseline_table(ours)
+    assert "| **ours** | 70.0 | 50.0 | 0.583 | 80.0 | 66.7 | 0.727 |" in table
+    assert "| Niu et al. 2020 (symbolized beats + CNN) | - | - | 0.766 | - | - | 0.897 |" in table
+
+
+def test_base_builder_of_lora_and_qlora_configs():
+    from omegaconf import OmegaConf
+
+    for comp in ("hlmtune.hlm.model.lora_hlm_1m", "hlmtune.hlm.model.qlora_hlm_1m"):
+        cfg = OmegaConf.create({"_component_": comp, "lora_rank": 8, "apply_lora_to_mlp": True, "manifest_path": "x",
+                                "lora_attn_modules": ["q_proj"], "quantize_base": True})
+        base = ev.base_builder_config(cfg)
+        assert base._component_ == "hlmtune.hlm.model.hlm_1m" and set(base) == {"_component_", "manifest_path"}

@@ -1,0 +1,51 @@
+"""The main job (`hlmtune demo`) end to end on synthetic records, as CI runs it; reruns resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
+QUICK = ["--source", "synthetic", "--pretrain-steps", "6", "--finetune-examples", "96", "--nproc", "1",
+         "--max-eval", "96"]
+
+
+def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
+    out = tmp_path / "demo"
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env.pop("HLM_DATA", None)  # a newcomer's clone: no data folder
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = out / "report" / "report.md"
+    assert proc.stdout.strip().endswith(f"report: {report}")
+    text = report.read_text()
+    assert "SYNTHETIC ECG" in text and "not comparable" in text.lower()
+    for section in ("## Results on the test split", "## Beside the published inter-patient baselines",
+                    "## Training", "de Chazal et al. 2004", "![loss.png](loss.png)"):
+        assert section in text
+    for png in ("loss.png", "iteration_time.png", "peak_memory.png", "confusion.png"):
+        assert (out / "report" / png).stat().st_size > 1000
+    m = json.loads((out / "report" / "metrics.json").read_text())
+    assert m["n_examples"] == 96 and m["task"] == "beat"
+    steps = [json.loads(x) for x in (out / "runs" / "pretrain" / "metrics" / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 6 and all("iteration_time_s" in s and "peak_rss_gib" in s for s in steps)
+    # a rerun keeps the trained stages and rebuilds the report
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pretrain: finished before, kept" in proc.stderr and "fine-tune: finished before, kept" in proc.stderr
+
+
+def test_bad_flags_and_outputs_are_one_line(tmp_path):
+    taken = tmp_path / "file"
+    taken.write_text("x")
+    for args in (["--out", str(taken), *QUICK], ["--out", str(tmp_path / "d"), "--nproc", "0"],
+                 ["--out", str(tmp_path / "d"), "--data", str(tmp_path)]):
+        proc = subprocess.run([HLMTUNE, "demo", *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
