@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import resource
 import socket
 import sys
 import time
@@ -45,12 +44,11 @@ from hlmtune.training.dist import (
 from hlmtune.training.options import PackOptions
 from hlmtune.training.errors import install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
+from hlmtune.profiling.memory import PeakMemory
 from hlmtune.training.schema import config_warnings, resolve_component, validate_config
 from hlmtune.training.spec import RecipeSpec
 
 log = utils.get_logger("INFO")
-
-_GIB = 1024**3
 
 
 class RecipeBase:
@@ -119,6 +117,8 @@ class RecipeBase:
         self._prefetch_factor: Optional[int] = dl.prefetch_factor
         self._persistent_workers: bool = dl.persistent_workers
         self._log_memory: bool = self.options.log_peak_memory_stats
+        # This step's peak (reset at each step start) and the peak since process start.
+        self._peak: Optional[PeakMemory] = PeakMemory(self._device) if self._log_memory else None
 
         # Built in setup().
         self._metric_logger: Any = None
@@ -501,8 +501,8 @@ class RecipeBase:
 
     def _one_optimizer_step(self, data_iter: Iterator) -> Dict[str, float]:
         self.on_step_start()
-        if self._log_memory and self._device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self._device)
+        if self._peak is not None:
+            self._peak.begin_step()
         t0 = time.perf_counter()
         data_time = 0.0
         loss_sum = torch.zeros((), device=self._device, dtype=torch.float64)
@@ -531,18 +531,11 @@ class RecipeBase:
         total_loss, total_tokens = float(local[0]), float(local[1])
         self.finish_gradients(total_tokens)
         grad_norm = self.optimizer_step()
-        # Peak memory of this step, per rank (one small all_gather); off with log_peak_memory_stats: False.
-        if not self._log_memory:
-            mem = []
-        elif self._device.type == "cuda":
-            stats = torch.cuda.memory_stats(self._device)
-            mem = [
-                torch.cuda.max_memory_allocated(self._device) / _GIB,
-                torch.cuda.max_memory_reserved(self._device) / _GIB,
-                stats.get("active_bytes.all.peak", 0) / _GIB,
-            ]
-        else:
-            mem = [_peak_rss_gib()]
+        # Peak memory of this step and since start, per rank (one small all_gather); off with
+        # log_peak_memory_stats: False. Names: hlmtune.profiling.memory.
+        peaks = self._peak.end_step() if self._peak is not None else {}
+        names = list(peaks)
+        mem = [peaks[n] for n in names]
         per_rank = all_gather_floats(mem, self._device) if mem else []
         iter_time = time.perf_counter() - t0
         m: Dict[str, float] = {
@@ -559,7 +552,6 @@ class RecipeBase:
             m[k] = float(local[2 + i]) / self.world_size
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
-        names = ["peak_memory_alloc_gib", "peak_memory_reserved_gib", "peak_memory_active_gib"] if self._device.type == "cuda" else ["peak_rss_gib"]
         for j, name in enumerate(names if per_rank else []):
             vals = [r[j] for r in per_rank]
             m[name] = max(vals)
@@ -736,11 +728,6 @@ class _Range(contextlib.ContextDecorator):
         self._rf.__exit__(*exc)
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
-
-
-def _peak_rss_gib() -> float:
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / _GIB
 
 
 def _cpu_name() -> str:
