@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -249,8 +249,6 @@ def load_record(
     Raises:
         RecordError: any problem, naming the record.
     """
-    import wfdb
-
     if on_missing_annotations not in ON_MISSING_ANNOTATIONS:
         raise ValueError(f"on_missing_annotations must be one of {ON_MISSING_ANNOTATIONS}")
     if on_unknown_symbols not in ON_UNKNOWN_SYMBOLS:
@@ -260,10 +258,79 @@ def load_record(
     if not hea.exists():
         raise RecordError(name, f"header {hea.name} is missing ({hea})")
     full = sampto is None
-    # Fast path: one wfdb.rdrecord call (it parses the header once; reading both leads of a
-    # format-212 file costs about the same as one). The header's promises (file sizes,
-    # lead, checksum) are checked on the record it returns; when wfdb fails, the header is
-    # read on its own to say exactly what is wrong.
+    rec, header, fs, sig_files = _read_signal(name, base, hea, sampto)
+    notes: List[str] = []
+    ch = _pick_lead(name, list(header.sig_name), lead, lead_fallback, notes)
+    if rec.d_signal is None or rec.d_signal.ndim != 2 or rec.d_signal.shape[1] <= ch:
+        raise RecordError(name, f"signal file holds no samples for lead {header.sig_name[ch]}")
+    sig = np.ascontiguousarray(rec.d_signal[:, ch])
+    if sig.size == 0:
+        raise RecordError(name, "signal has no samples")
+    lead_name = header.sig_name[ch]
+    if full:
+        _check_checksum(name, header, ch, sig)
+    _check_samples(name, sig, str(header.fmt[ch]), lead_name)
+    gain_per_mv = _gain_per_mv(name, header, ch)
+    n = int(sig.size)
+
+    inputs: Dict[str, str] = {}
+    if hash_inputs:
+        for p in [hea, *sig_files]:
+            inputs[p.name] = sha256_file(p)
+
+    atr = base.with_name(f"{base.name}.{annotation_ext}")
+    ann: Optional[_Annotations] = None
+    if atr.exists():
+        ann = _read_annotations(name, base, atr, annotation_ext, None if full else n, n, on_unknown_symbols)
+        if hash_inputs:
+            inputs[atr.name] = sha256_file(atr)
+    elif use_annotations and on_missing_annotations == "error":
+        raise RecordError(name, f"annotation file {atr.name} is missing ({atr}) and on_missing_annotations=error")
+
+    det_stats = None
+    if use_annotations and ann is not None:
+        beats, symbols, beat_rh, source = ann.samples, ann.codes, ann.rhythm_idx, "annotations"
+        if detector_check:
+            from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
+
+            det_stats = compare_beats(ann.samples, detect_beats(sig, gain_per_mv, fs, detector), fs)
+    else:
+        from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
+
+        beats = detect_beats(sig, gain_per_mv, fs, detector)
+        symbols = np.full(beats.size, -1, dtype=np.int16)
+        beat_rh = np.full(beats.size, -1, dtype=np.int16)
+        source = "detector"
+        if ann is not None:
+            det_stats = compare_beats(ann.samples, beats, fs)
+            # Rhythm is a property of time: carry the annotated rhythm onto detected beats.
+            if ann.rhythms:
+                beat_rh = _rhythm_at(beats, ann.changes)
+        if beats.size == 0:
+            raise RecordError(name, f"the R-peak detector found no beats in lead {lead_name}")
+    return EcgRecord(
+        name=name, fs=fs, lead=lead_name, signal=sig, gain_per_mv=gain_per_mv,
+        beat_samples=np.asarray(beats, dtype=np.int64), beat_symbols=np.asarray(symbols, dtype=np.int16),
+        beat_rhythms=np.asarray(beat_rh, dtype=np.int16), rhythms=ann.rhythms if ann is not None else [],
+        beat_source=source, annotated_beats=int(ann.samples.size) if ann is not None else 0,
+        detector=det_stats, inputs=inputs, notes=notes,
+    )
+
+
+# ---------------------------------------------------------------------------- load_record's steps
+def _read_signal(name: str, base: Path, hea: Path, sampto: Optional[int]):
+    """Read the digital samples and check the header's promises (format, rate, file sizes).
+
+    Fast path: one ``wfdb.rdrecord`` call (it parses the header once; reading both leads of a
+    format-212 file costs about the same as one). When wfdb fails, the header is read on its
+    own to say exactly what is wrong.
+
+    Returns:
+        tuple: (wfdb record, header, sampling rate, signal file paths).
+    """
+    import wfdb
+
+    full = sampto is None
     try:
         rec = wfdb.rdrecord(
             str(base), physical=False, sampto=None if full else int(sampto),
@@ -281,25 +348,24 @@ def load_record(
     fs = float(header.fs)
     if not fs > 0:
         raise RecordError(name, f"header sampling rate {header.fs} is not positive")
-    sig_files = _check_signal_files(name, base, header)
-    notes: List[str] = []
-    ch = _pick_lead(name, list(header.sig_name), lead, lead_fallback, notes)
-    if rec.d_signal is None or rec.d_signal.ndim != 2 or rec.d_signal.shape[1] <= ch:
-        raise RecordError(name, f"signal file holds no samples for lead {header.sig_name[ch]}")
-    sig = np.ascontiguousarray(rec.d_signal[:, ch])
-    if sig.size == 0:
-        raise RecordError(name, "signal has no samples")
-    fmt = str(header.fmt[ch])
-    lead_name = header.sig_name[ch]
-    if full and header.checksum is not None and header.checksum[ch] is not None:
-        # WFDB checksum: the sum of the samples modulo 2**16 (headers write it signed or not).
-        cs = int(sig.sum(dtype=np.int64)) & 0xFFFF
-        if cs != int(header.checksum[ch]) & 0xFFFF:
-            cs = cs - 65536 if cs >= 32768 else cs
-            raise RecordError(
-                name,
-                f"header disagrees with signal file: checksum of {lead_name} is {cs}, header says {header.checksum[ch]}",
-            )
+    return rec, header, fs, _check_signal_files(name, base, header)
+
+
+def _check_checksum(name: str, header, ch: int, sig: np.ndarray) -> None:
+    """WFDB checksum: the sum of the samples modulo 2**16 (headers write it signed or not)."""
+    if header.checksum is None or header.checksum[ch] is None:
+        return
+    cs = int(sig.sum(dtype=np.int64)) & 0xFFFF
+    if cs != int(header.checksum[ch]) & 0xFFFF:
+        cs = cs - 65536 if cs >= 32768 else cs
+        raise RecordError(
+            name,
+            f"header disagrees with signal file: checksum of {header.sig_name[ch]} is {cs}, header says {header.checksum[ch]}",
+        )
+
+
+def _check_samples(name: str, sig: np.ndarray, fmt: str, lead_name: str) -> None:
+    """No invalid (NaN-coded) samples, not a constant signal."""
     from wfdb.io._signal import INVALID_SAMPLE_VALUE
 
     invalid = INVALID_SAMPLE_VALUE.get(fmt)
@@ -313,113 +379,99 @@ def load_record(
             )
     if lo == hi:
         raise RecordError(name, f"flat signal: lead {lead_name} is constant ({int(sig[0])}) over {sig.size} samples")
+
+
+def _gain_per_mv(name: str, header, ch: int) -> float:
+    """ADC units per mV of a lead, from its gain and physical unit."""
     gain = float(header.adc_gain[ch] or 200.0)  # WFDB: gain 0 means the default 200/mV
     unit = (header.units[ch] if header.units else "mV") or "mV"
     factor = _UNIT_TO_MV.get(unit.strip().lower())
     if factor is None:
-        raise RecordError(name, f"lead {lead_name} has units {unit!r}, expected mV, uV or V")
-    gain_per_mv = gain / factor
-    n = int(sig.size)
+        raise RecordError(name, f"lead {header.sig_name[ch]} has units {unit!r}, expected mV, uV or V")
+    return gain / factor
 
-    inputs: Dict[str, str] = {}
-    if hash_inputs:
-        for p in [hea, *sig_files]:
-            inputs[p.name] = sha256_file(p)
 
-    atr = base.with_name(f"{base.name}.{annotation_ext}")
-    ann_samples = ann_symbols = None
+@dataclass
+class _Annotations:
+    """Beat annotations of a record, sorted, with the rhythm in force at each beat.
+
+    Attributes:
+        samples (np.ndarray): (B,) int64 beat sample indices.
+        codes (np.ndarray): (B,) int16 beat codes.
+        rhythm_idx (np.ndarray): (B,) int16 index into ``rhythms`` (-1: none yet).
+        rhythms (List[str]): rhythm names in order of first appearance.
+        changes (Tuple[np.ndarray, np.ndarray]): (sample, rhythm index) of every rhythm change.
+    """
+
+    samples: np.ndarray
+    codes: np.ndarray
+    rhythm_idx: np.ndarray
+    rhythms: List[str]
+    changes: Tuple[np.ndarray, np.ndarray]
+
+
+def _read_annotations(
+    name: str, base: Path, atr: Path, ext: str, sampto: Optional[int], n: int, on_unknown_symbols: str
+) -> _Annotations:
+    """Read, check and order the beat annotations.
+
+    Args:
+        sampto (Optional[int]): annotations up to this sample (a partial read), None for all.
+        n (int): samples in the signal (beats must lie inside it).
+    """
+    import wfdb
+
+    try:
+        # Vectorised reader (same fields as wfdb.rdann); None = a construct it leaves to
+        # wfdb (definitions at sample 0, undefined codes, damaged files).
+        ann = read_mit_annotations(atr, sampto=sampto)
+        if ann is None:
+            ann = wfdb.rdann(str(base), ext, sampto=sampto)
+    except Exception as e:
+        raise RecordError(name, f"annotation file {atr.name} is unreadable: {type(e).__name__}: {e}") from None
+    samples = np.asarray(ann.sample, dtype=np.int64)
+    symbols = list(ann.symbol)
+    aux = list(ann.aux_note or [""] * samples.size)
+    if sampto is not None:  # a partial read keeps the annotations inside it
+        inside = int(np.searchsorted(samples, n, side="left"))
+        samples, symbols, aux = samples[:inside], symbols[:inside], (aux + [""] * inside)[:inside]
+    # One dict lookup per annotation: beat code >= 0, non-beat -1, rhythm change -3,
+    # anything else (undefined codes come back as NaN) -2.
+    codes = np.fromiter((_CODES.get(sym, -2) for sym in symbols), dtype=np.int16, count=samples.size)
+    unknown = np.flatnonzero(codes == -2)
+    if unknown.size and on_unknown_symbols == "error":
+        sym = symbols[int(unknown[0])]
+        what = f"symbol {sym!r}" if isinstance(sym, str) else "code (not in the WFDB code table)"
+        raise RecordError(name, f"unknown annotation {what} at sample {int(samples[unknown[0]])} in {atr.name}")
+    # Rhythm in force at each annotation: forward-fill the last '+' with a rhythm note.
     rhythms: List[str] = []
-    ann_rhythms = None
-    annotated = 0
-    if atr.exists():
-        try:
-            # Vectorised reader (same fields as wfdb.rdann); None = a construct it leaves to
-            # wfdb (definitions at sample 0, undefined codes, damaged files).
-            ann = read_mit_annotations(atr, sampto=None if full else n)
-            if ann is None:
-                ann = wfdb.rdann(str(base), annotation_ext, sampto=None if full else n)
-        except Exception as e:
-            raise RecordError(name, f"annotation file {atr.name} is unreadable: {type(e).__name__}: {e}") from None
-        if hash_inputs:
-            inputs[atr.name] = sha256_file(atr)
-        samples = np.asarray(ann.sample, dtype=np.int64)
-        if not full:  # a partial read keeps the annotations inside it
-            inside = int(np.searchsorted(samples, n, side="left"))
-            samples = samples[:inside]
-            ann.symbol = ann.symbol[:inside]
-            ann.aux_note = (ann.aux_note or [""] * inside)[:inside]
-        # One dict lookup per annotation: beat code >= 0, non-beat -1, rhythm change -3,
-        # anything else (undefined codes come back as NaN) -2.
-        codes = np.fromiter((_CODES.get(sym, -2) for sym in ann.symbol), dtype=np.int16, count=samples.size)
-        unknown = np.flatnonzero(codes == -2)
-        if unknown.size and on_unknown_symbols == "error":
-            sym = ann.symbol[int(unknown[0])]
-            what = f"symbol {sym!r}" if isinstance(sym, str) else "code (not in the WFDB code table)"
-            raise RecordError(name, f"unknown annotation {what} at sample {int(samples[unknown[0]])} in {atr.name}")
-        # Rhythm in force at each annotation: forward-fill the last '+' with a rhythm note.
-        aux = ann.aux_note or [""] * samples.size
-        change = np.full(samples.size, -1, dtype=np.int64)
-        for i in np.flatnonzero(codes == -3).tolist():
-            r = rhythm_name(aux[i])
-            if r:
-                if r not in rhythms:
-                    rhythms.append(r)
-                change[i] = rhythms.index(r)
-        pos = np.maximum.accumulate(np.where(change >= 0, np.arange(samples.size), -1)) if samples.size else change
-        rh_idx = np.where(pos >= 0, change[np.maximum(pos, 0)], -1).astype(np.int16)
-        keep = codes >= 0
-        ann_samples, ann_symbols, ann_rhythms = samples[keep], codes[keep], rh_idx[keep]
-        annotated = int(ann_samples.size)
-        if annotated and (ann_samples[0] < 0 or ann_samples[-1] >= n):
-            raise RecordError(
-                name, f"beat annotation at sample {int(ann_samples[-1])} lies outside the signal ({n} samples)"
-            )
-        if annotated and np.any(np.diff(ann_samples) <= 0):
-            order = np.argsort(ann_samples, kind="stable")
-            ann_samples, ann_symbols, ann_rhythms = ann_samples[order], ann_symbols[order], ann_rhythms[order]
-            dup = np.flatnonzero(np.diff(ann_samples) == 0)
-            if dup.size:
-                raise RecordError(name, f"two beat annotations at sample {int(ann_samples[dup[0]])} in {atr.name}")
-    elif use_annotations and on_missing_annotations == "error":
-        raise RecordError(name, f"annotation file {atr.name} is missing ({atr}) and on_missing_annotations=error")
-
-    det_stats = None
-    if use_annotations and ann_samples is not None:
-        beats, symbols, beat_rh, source = ann_samples, ann_symbols, ann_rhythms, "annotations"
-        if detector_check:
-            from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
-
-            det_stats = compare_beats(ann_samples, detect_beats(sig, gain_per_mv, fs, detector), fs)
-    else:
-        from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
-
-        beats = detect_beats(sig, gain_per_mv, fs, detector)
-        symbols = np.full(beats.size, -1, dtype=np.int16)
-        beat_rh = np.full(beats.size, -1, dtype=np.int16)
-        source = "detector"
-        if ann_samples is not None:
-            det_stats = compare_beats(ann_samples, beats, fs)
-            # Rhythm is a property of time: carry the annotated rhythm onto detected beats.
-            if rhythms:
-                beat_rh = _rhythm_at(beats, ann, rhythms)
-        if beats.size == 0:
-            raise RecordError(name, f"the R-peak detector found no beats in lead {lead_name}")
-    return EcgRecord(
-        name=name, fs=fs, lead=lead_name, signal=sig, gain_per_mv=gain_per_mv,
-        beat_samples=np.asarray(beats, dtype=np.int64), beat_symbols=np.asarray(symbols, dtype=np.int16),
-        beat_rhythms=np.asarray(beat_rh, dtype=np.int16), rhythms=rhythms, beat_source=source,
-        annotated_beats=annotated, detector=det_stats, inputs=inputs, notes=notes,
-    )
-
-
-def _rhythm_at(beats: np.ndarray, ann, rhythms: List[str]) -> np.ndarray:
-    """Rhythm index in force at each sample of ``beats`` from the '+' annotations."""
-    starts, idx = [], []
-    for s, sym, note in zip(ann.sample, ann.symbol, ann.aux_note or []):
-        r = rhythm_name(note) if sym == "+" else ""
+    change = np.full(samples.size, -1, dtype=np.int64)
+    for i in np.flatnonzero(codes == -3).tolist():
+        r = rhythm_name(aux[i])
         if r:
-            starts.append(int(s))
-            idx.append(rhythms.index(r))
-    pos = np.searchsorted(np.asarray(starts, dtype=np.int64), beats, side="right") - 1
-    out = np.where(pos >= 0, np.asarray(idx, dtype=np.int16)[np.maximum(pos, 0)], -1)
+            if r not in rhythms:
+                rhythms.append(r)
+            change[i] = rhythms.index(r)
+    pos = np.maximum.accumulate(np.where(change >= 0, np.arange(samples.size), -1)) if samples.size else change
+    rh_idx = np.where(pos >= 0, change[np.maximum(pos, 0)], -1).astype(np.int16)
+    at = np.flatnonzero(change >= 0)
+    changes = (samples[at], change[at].astype(np.int16))
+    keep = codes >= 0
+    beats, beat_codes, beat_rh = samples[keep], codes[keep], rh_idx[keep]
+    if beats.size and (beats[0] < 0 or beats[-1] >= n):
+        raise RecordError(name, f"beat annotation at sample {int(beats[-1])} lies outside the signal ({n} samples)")
+    if beats.size and np.any(np.diff(beats) <= 0):
+        order = np.argsort(beats, kind="stable")
+        beats, beat_codes, beat_rh = beats[order], beat_codes[order], beat_rh[order]
+        dup = np.flatnonzero(np.diff(beats) == 0)
+        if dup.size:
+            raise RecordError(name, f"two beat annotations at sample {int(beats[dup[0]])} in {atr.name}")
+    return _Annotations(beats, beat_codes, beat_rh, rhythms, changes)
+
+
+def _rhythm_at(beats: np.ndarray, changes: Tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Rhythm index in force at each sample of ``beats``, from the (sample, index) rhythm changes."""
+    starts, idx = changes
+    pos = np.searchsorted(starts, beats, side="right") - 1
+    out = np.where(pos >= 0, idx[np.maximum(pos, 0)], -1)
     return out.astype(np.int16)

@@ -146,3 +146,15 @@ def test_record_shorter_than_window(mitdb_dir, tmp_path):
     tokenize_record(rec, TokenizerParams(scheme="samples", window=128))  # 1 s window fits in 2.8 s
     with pytest.raises(RecordError, match=r"record short: record is shorter than the window: 1000 samples \(2.778 s at 360 Hz\), a 1024-sample window at 128 Hz needs \d+ input samples"):
         tokenize_record(rec, TokenizerParams(scheme="samples", window=1024))
+
+
+def test_detected_beats_carry_the_annotated_rhythm(mitdb_dir):
+    """use_annotations=False: each detected beat gets the rhythm in force at its sample, the
+    same rhythm the nearest annotated beat has (record 201 has atrial fibrillation episodes)."""
+    ann = load_record(mitdb_dir, "201", sampto=360 * 150, hash_inputs=False)
+    det = load_record(mitdb_dir, "201", sampto=360 * 150, hash_inputs=False, use_annotations=False)
+    assert det.beat_source == "detector" and det.rhythms == ann.rhythms and "(AFIB" in det.rhythms
+    nearest = np.abs(det.beat_samples[:, None] - ann.beat_samples[None, :]).argmin(axis=1)
+    agree = np.mean(det.beat_rhythms == ann.beat_rhythms[nearest])
+    assert agree > 0.95, agree
+    assert set(det.beat_rhythms.tolist()) == set(range(len(det.rhythms)))
