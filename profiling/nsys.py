@@ -477,9 +477,29 @@ def build_profile_command(cmd: Sequence[str], out_dir: str | os.PathLike, *, win
     return out + list(cmd)
 
 
-def build_stats_command(report: str | os.PathLike, out_prefix: str | os.PathLike, *, nsys: str = "nsys") -> List[str]:
-    """``nsys stats`` writing ``<out_prefix>_<report>.csv`` for :data:`STATS_REPORTS`."""
-    return [nsys, "stats", "--report", ",".join(STATS_REPORTS), "--format", "csv",
+def stats_reports_for(help_reports: str) -> Tuple[str, ...]:
+    """The report names this nsys knows, from its ``nsys stats --help-reports`` text.
+
+    Nsight Systems 2022.4 lists ``cudaapisum`` ... and answers ``Report 'cuda_api_sum' could
+    not be found`` (with exit status 0) to the later names; later releases list ``cuda_api_sum``.
+
+    Args:
+        help_reports (str): output of ``nsys stats --help-reports``.
+
+    Returns:
+        Tuple[str, ...]: :data:`STATS_REPORTS` or their older names, in the same order.
+    """
+    listed = set(re.findall(r"^\s*([a-z_]+)", help_reports, flags=re.M))
+    if STATS_REPORTS[0] not in listed and "cudaapisum" in listed:
+        old = {v: k for k, v in _OLD_REPORT_NAMES.items()}
+        return tuple(old[r] for r in STATS_REPORTS)
+    return STATS_REPORTS
+
+
+def build_stats_command(report: str | os.PathLike, out_prefix: str | os.PathLike, *, nsys: str = "nsys",
+                        reports: Sequence[str] = STATS_REPORTS) -> List[str]:
+    """``nsys stats`` writing ``<out_prefix>_<report>.csv`` for ``reports`` (:func:`stats_reports_for`)."""
+    return [nsys, "stats", "--report", ",".join(reports), "--format", "csv",
             "--output", str(out_prefix), "--force-export=true", str(report)]
 
 
@@ -503,6 +523,9 @@ def run_nsys(args: Any) -> int:
               "its module (e.g. `module load nsight-systems`), or use `hlmtune profile torch` on CPU. "
               f"Command that would run: {shlex.join(prof)}", file=sys.stderr)
         return 2
+    help_text = subprocess.run([exe, "stats", "--help-reports"], capture_output=True, text=True)
+    stats = build_stats_command(report, out / "stats" / report_name(),
+                                reports=stats_reports_for(help_text.stdout + help_text.stderr))
     out.mkdir(parents=True, exist_ok=True)
     (out / "stats").mkdir(exist_ok=True)
     # The pack recipes always emit NVTX ranges (data/forward/backward/optimizer_step) on CUDA.

@@ -327,3 +327,15 @@ def test_real_cpu_only_export_is_a_clear_error() -> None:
     """A real nsys 2022.4.2 export of a run without CUDA (this machine has no GPU)."""
     with pytest.raises(NsysFormatError, match="cpu_only.sqlite: no CUDA trace data"):
         parse_sqlite(REAL / "cpu_only.sqlite")
+
+
+def test_stats_report_names_follow_the_installed_nsys() -> None:
+    """nsys 2022.4.2 (its real --help-reports output) only knows cudaapisum ...; it prints an error
+    for cuda_api_sum and still exits 0, so the names must come from the installed version."""
+    from hlmtune.profiling.nsys import stats_reports_for
+
+    old = stats_reports_for((REAL / "help_reports.txt").read_text())
+    assert old == ("cudaapisum", "gpukernsum", "gpumemtimesum", "gpumemsizesum")
+    assert stats_reports_for("  cuda_api_sum -- CUDA API Summary\n  cuda_gpu_kern_sum -- ...\n") == STATS_REPORTS
+    cmd = build_stats_command("r.nsys-rep", "out/report", reports=old)
+    assert cmd[cmd.index("--report") + 1] == "cudaapisum,gpukernsum,gpumemtimesum,gpumemsizesum"
