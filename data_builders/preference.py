@@ -20,9 +20,8 @@ from hlmtune.data_builders.loading import (
     PreparedRows,
     check_message_list,
     check_text_field,
-    prepare_rows,
-    reject_typos,
 )
+from hlmtune.data_builders.sft import RowOptions
 
 TEMPLATE_NAMES = {"stack_exchange_paired": "chat", "hh_rlhf": "chat"}
 
@@ -158,31 +157,11 @@ def _build(
     *,
     check: Callable[[Mapping[str, Any]], Optional[str]],
     message_transform: Transform,
-    source: str,
-    data_files: Any,
-    split: str,
-    packed: bool,
-    subset_size: Optional[int],
-    subset_seed: int,
-    on_bad_row: str,
-    filter_fn: Optional[Callable],
-    load_dataset_kwargs: Dict[str, Any],
+    load: RowOptions,
 ) -> ValidatedPreferenceDataset:
-    reject_typos(name, load_dataset_kwargs, _COMMON_ARGS)
-    if packed:
+    if load.packed:
         raise ValueError(f"{name}: packed=True is not supported for preference datasets (as in torchtune)")
-    rows = prepare_rows(
-        name=name,
-        source=source,
-        data_files=data_files,
-        split=split,
-        check=check,
-        on_bad_row=on_bad_row,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
-    )
+    rows = load.prepare(name, check, _COMMON_ARGS)
     return ValidatedPreferenceDataset(rows=rows, message_transform=message_transform, tokenizer=tokenizer)
 
 
@@ -238,15 +217,10 @@ def stack_exchange_paired_dataset(
         tokenizer,
         check=check,
         message_transform=PromptResponsesToMessages(train_on_input=train_on_input, column_map=cmap),
-        source=source,
-        data_files=data_files,
-        split=split,
-        packed=packed,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        on_bad_row=on_bad_row,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
+        load=RowOptions(
+            source=source, data_files=data_files, split=split, packed=packed, subset_size=subset_size,
+            subset_seed=subset_seed, on_bad_row=on_bad_row, filter_fn=filter_fn, load_dataset_kwargs=load_dataset_kwargs,
+        ),
     )
 
 
@@ -316,13 +290,8 @@ def hh_rlhf_dataset(
         tokenizer,
         check=check,
         message_transform=HHToMessages(train_on_input=train_on_input, column_map=cmap, new_system_prompt=new_system_prompt),
-        source=source,
-        data_files=data_files,
-        split=split,
-        packed=packed,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        on_bad_row=on_bad_row,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
+        load=RowOptions(
+            source=source, data_files=data_files, split=split, packed=packed, subset_size=subset_size,
+            subset_seed=subset_seed, on_bad_row=on_bad_row, filter_fn=filter_fn, load_dataset_kwargs=load_dataset_kwargs,
+        ),
     )

@@ -17,7 +17,8 @@ same sample format (``{"tokens", "labels", "mask"}`` with prompt labels set to
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 from torchtune.data import (
@@ -191,37 +192,56 @@ def _finish(name: str, tokenizer: Any, ds: ValidatedSFTDataset, packed: bool) ->
     return out
 
 
+@dataclass(frozen=True)
+class RowOptions:
+    """Where a builder's rows come from and which are kept (one object, passed down once).
+
+    The public builders take these as explicit keyword arguments (config validation reads
+    their signatures) and bundle them here; everything below takes the bundle.
+
+    Attributes:
+        source (str): hub dataset, or "json"/"parquet" with ``data_files``.
+        data_files (Any): local file(s) when ``source`` is a file type.
+        split (str): split to load.
+        packed (bool): pack samples to the tokenizer's ``max_seq_len``.
+        subset_size (Optional[int]): keep this many rows (seeded).
+        subset_seed (int): seed of the subset.
+        on_bad_row (str): "error" or "skip".
+        filter_fn (Optional[Callable]): keep rows where it is true.
+        load_dataset_kwargs (Dict[str, Any]): more ``datasets.load_dataset`` arguments.
+    """
+
+    source: str
+    data_files: Any
+    split: str
+    packed: bool
+    subset_size: Optional[int]
+    subset_seed: int
+    on_bad_row: str
+    filter_fn: Optional[Callable]
+    load_dataset_kwargs: Dict[str, Any]
+
+    def prepare(self, name: str, check: Callable[[Mapping[str, Any]], Optional[str]], builder_args: Tuple[str, ...]) -> PreparedRows:
+        """Reject typos among the extra kwargs, then load, validate, filter and subset the rows."""
+        reject_typos(name, self.load_dataset_kwargs, builder_args)
+        return prepare_rows(
+            name=name, source=self.source, data_files=self.data_files, split=self.split, check=check,
+            on_bad_row=self.on_bad_row, subset_size=self.subset_size, subset_seed=self.subset_seed,
+            filter_fn=self.filter_fn, load_dataset_kwargs=self.load_dataset_kwargs,
+        )
+
+
 def _build(
     name: str,
     tokenizer: Any,
     *,
     check: Callable[[Mapping[str, Any]], Optional[str]],
     message_transform: Transform,
-    source: str,
-    data_files: Any,
-    split: str,
-    packed: bool,
-    subset_size: Optional[int],
-    subset_seed: int,
-    on_bad_row: str,
-    filter_fn: Optional[Callable],
-    load_dataset_kwargs: Dict[str, Any],
+    load: RowOptions,
 ) -> Union[ValidatedSFTDataset, PackedDataset]:
-    reject_typos(name, load_dataset_kwargs, _COMMON_ARGS)
-    rows = prepare_rows(
-        name=name,
-        source=source,
-        data_files=data_files,
-        split=split,
-        check=check,
-        on_bad_row=on_bad_row,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
-    )
+    rows = load.prepare(name, check, _COMMON_ARGS)
     ds = ValidatedSFTDataset(rows=rows, message_transform=message_transform, model_transform=tokenizer)
-    return _finish(name, tokenizer, ds, packed)
+    return _finish(name, tokenizer, ds, load.packed)
 
 
 def alpaca_cleaned_dataset(
@@ -281,15 +301,10 @@ def alpaca_cleaned_dataset(
         tokenizer,
         check=check,
         message_transform=AlpacaToMessages(train_on_input=train_on_input, column_map=column_map),
-        source=source,
-        data_files=data_files,
-        split=split,
-        packed=packed,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        on_bad_row=on_bad_row,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
+        load=RowOptions(
+            source=source, data_files=data_files, split=split, packed=packed, subset_size=subset_size,
+            subset_seed=subset_seed, on_bad_row=on_bad_row, filter_fn=filter_fn, load_dataset_kwargs=load_dataset_kwargs,
+        ),
     )
 
 
@@ -298,19 +313,11 @@ def _input_output_dataset(
     tokenizer: Any,
     *,
     default_columns: Dict[str, str],
-    source: str,
-    data_files: Any,
-    split: str,
     column_map: Optional[Dict[str, str]],
     train_on_input: bool,
     new_system_prompt: Optional[str],
     prompt_template: TemplateSpec,
-    packed: bool,
-    subset_size: Optional[int],
-    subset_seed: int,
-    on_bad_row: str,
-    filter_fn: Optional[Callable],
-    load_dataset_kwargs: Dict[str, Any],
+    load: RowOptions,
 ) -> Union[ValidatedSFTDataset, PackedDataset]:
     cmap = dict(default_columns)
     cmap.update(column_map or {})
@@ -329,15 +336,7 @@ def _input_output_dataset(
         tokenizer,
         check=check,
         message_transform=transform,
-        source=source,
-        data_files=data_files,
-        split=split,
-        packed=packed,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        on_bad_row=on_bad_row,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
+        load=load,
     )
 
 
@@ -388,19 +387,14 @@ def grammar_dataset(
         "grammar",
         tokenizer,
         default_columns={"input": "input", "output": "output"},
-        source=source,
-        data_files=data_files,
-        split=split,
         column_map=column_map,
         train_on_input=train_on_input,
         new_system_prompt=new_system_prompt,
         prompt_template=prompt_template,
-        packed=packed,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        on_bad_row=on_bad_row,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
+        load=RowOptions(
+            source=source, data_files=data_files, split=split, packed=packed, subset_size=subset_size,
+            subset_seed=subset_seed, on_bad_row=on_bad_row, filter_fn=filter_fn, load_dataset_kwargs=load_dataset_kwargs,
+        ),
     )
 
 
@@ -453,19 +447,14 @@ def samsum_dataset(
         "samsum",
         tokenizer,
         default_columns={"input": "dialogue", "output": "summary"},
-        source=source,
-        data_files=data_files,
-        split=split,
         column_map=column_map,
         train_on_input=train_on_input,
         new_system_prompt=new_system_prompt,
         prompt_template=prompt_template,
-        packed=packed,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        on_bad_row=on_bad_row,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
+        load=RowOptions(
+            source=source, data_files=data_files, split=split, packed=packed, subset_size=subset_size,
+            subset_seed=subset_seed, on_bad_row=on_bad_row, filter_fn=filter_fn, load_dataset_kwargs=load_dataset_kwargs,
+        ),
     )
 
 
@@ -535,13 +524,8 @@ def slimorca_dataset(
         tokenizer,
         check=check,
         message_transform=transform,
-        source=source,
-        data_files=data_files,
-        split=split,
-        packed=packed,
-        subset_size=subset_size,
-        subset_seed=subset_seed,
-        on_bad_row=on_bad_row,
-        filter_fn=filter_fn,
-        load_dataset_kwargs=load_dataset_kwargs,
+        load=RowOptions(
+            source=source, data_files=data_files, split=split, packed=packed, subset_size=subset_size,
+            subset_seed=subset_seed, on_bad_row=on_bad_row, filter_fn=filter_fn, load_dataset_kwargs=load_dataset_kwargs,
+        ),
     )
