@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
+from conftest import HLMTUNE  # noqa: E402 - one definition of the CLI path
 COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 
 
@@ -26,7 +25,6 @@ def run_recipe(
     data_dir: Path,
     nproc: Optional[int] = None,
     overrides: Sequence[str] = (),
-    timeout: float = 600,
     check: bool = True,
 ) -> subprocess.CompletedProcess:
     """``hlmtune run [--nproc_per_node N] <recipe> --config <config> ...`` with the collector.
@@ -39,7 +37,6 @@ def run_recipe(
         data_dir (Path): folder of the JSONL text samples.
         nproc (Optional[int]): ranks under torchrun; None runs one plain process.
         overrides (Sequence[str]): extra ``key=value``.
-        timeout (float): seconds.
         check (bool): raise with the output tail when the run fails.
 
     Returns:
@@ -55,7 +52,7 @@ def run_recipe(
         *overrides,
     ]
     env = dict(os.environ)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)  # time limit: pytest-timeout (pyproject)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)}\nexit {proc.returncode}\n--- stderr tail ---\n{proc.stderr[-4000:]}"
