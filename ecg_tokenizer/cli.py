@@ -63,7 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--implementation", choices=("fast", "reference"), default="fast", help="vectorised path or the slow per-beat reference (identical tokens)")
     g = p.add_argument_group("scheme")
     g.add_argument("--scheme", choices=("annotation", "samples"), default="samples", help="annotation: one token per beat from its label [x RR bin]; samples: a window of quantized samples per beat")
-    g.add_argument("--window", type=int, default=128, metavar="N", help="samples per beat window at the target rate (128..1024; scheme samples)")
+    g.add_argument("--beat-samples", "--window", dest="window", type=int, default=128, metavar="N",
+                   help="samples per beat at the target rate (128..1024; scheme samples). Not the model's context "
+                        "window: that is the data builder's max_seq_len (`--window` is the old name)")
     g.add_argument("--target-rate", type=float, default=128.0, metavar="HZ", help="canonical sampling rate every record is resampled to")
     g.add_argument("--label-mode", choices=("aami", "raw"), default="aami", help="beat label classes: AAMI N/S/V/F/Q or raw WFDB symbols")
     g.add_argument("--quantization", choices=("mu-law", "uniform"), default="mu-law", help="amplitude quantizer")

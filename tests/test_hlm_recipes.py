@@ -138,11 +138,12 @@ def test_qat_writes_a_quantized_model_that_classifies(shards, pretrained, tmp_pa
         assert set(m["results"]) == {"float (QAT-trained)", "int4 weights, QAT", "int4 weights, post-training (no QAT)"}
 
 
-def test_torchtune_single_device_recipe_runs_ecg_lora_unchanged(shards, pretrained, tmp_path):
-    """The config uses only components and keys torchtune's own LoRA recipe understands."""
+@pytest.mark.parametrize("config", ["ecg_lora", "ecg_qlora"])
+def test_torchtune_single_device_recipe_runs_the_config_unchanged(shards, pretrained, tmp_path, config):
+    """The configs use only components and keys torchtune's own LoRA recipe understands."""
     tune = str(Path(sys.executable).with_name("tune"))
     out = tmp_path / "run"
-    cmd = [tune, "run", "lora_finetune_single_device", "--config", str(CONFIGS / "ecg_lora.yaml"),
+    cmd = [tune, "run", "lora_finetune_single_device", "--config", str(CONFIGS / f"{config}.yaml"),
            f"shards_dir={shards['shards']}", f"split_file={shards['split_file']}", f"pretrain_dir={pretrained}",
            f"output_dir={out}", "max_steps_per_epoch=3", "batch_size=8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
@@ -164,3 +165,13 @@ def test_random_beat_split_says_so_on_the_first_line(lora_run, tmp_path):
     assert proc.stdout.splitlines()[0].startswith("RANDOM BEAT SPLIT")
     assert (tmp_path / "report.md").read_text().startswith("**RANDOM BEAT SPLIT")
     assert json.loads((tmp_path / "metrics.json").read_text())["split_kind"] == "random_beats"
+
+
+def test_af_evaluation_reports_af_f1(lora_run, tmp_path):
+    """The AF task's report path: segments of RR tokens -> <af>/<not_af>, AF F1 in the JSON."""
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "dataset._component_=hlmtune.data_builders.ecg_af_dataset",
+                           "--max-examples", "16", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    r = m["results"]["HLM (this run)"]
+    assert m["task"] == "af" and m["classes"] == ["AF", "not AF"] and "af_f1" in r and m["baselines"] == []
