@@ -264,6 +264,8 @@ def test_profile_nsys_runs_profile_then_stats_and_parses(tmp_path: Path, monkeyp
                        sys.executable, "-c", f"open({str(marker)!r}, 'w').write('ok')"])
     assert rc == 0 and marker.read_text() == "ok"
     calls = [json.loads(l) for l in log.read_text().splitlines()]
+    assert calls[0] == ["stats", "--help-reports"]  # which report names this nsys knows
+    calls = calls[1:]
     assert [c[0] for c in calls] == ["profile", "stats"]
     assert calls[1][-1] == str(out / "report.nsys-rep")
     s = json.loads((out / "api_summary.json").read_text())
