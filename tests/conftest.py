@@ -36,6 +36,18 @@ def _data_root() -> Optional[Path]:
     return Path(root) if root else None
 
 
+def _real_folder(root: Path, sub: str, marker: str, what: str) -> Path:
+    """``root/sub``, failing (not skipping) when HLM_DATA is set but the folder is wrong."""
+    path = root / sub
+    if not (path / marker).exists():
+        pytest.fail(f"{path} does not hold {what} ({marker} missing)")
+    return path
+
+
+_MITDB = ("mitdb", "100.hea", "MIT-BIH records")
+_TEXT = ("text", "alpaca_cleaned.jsonl", "the text samples")
+
+
 @pytest.fixture(scope="session")
 def hlm_data() -> Path:
     """Root of the real data folder (``$HLM_DATA``); skips without it."""
@@ -50,19 +62,13 @@ def hlm_data() -> Path:
 @pytest.fixture(scope="session")
 def real_mitdb_dir(hlm_data: Path) -> Path:
     """The complete, real MIT-BIH Arrhythmia Database (``$HLM_DATA/mitdb``)."""
-    path = hlm_data / "mitdb"
-    if not (path / "100.hea").exists():
-        pytest.fail(f"{path} does not hold MIT-BIH records (100.hea missing)")
-    return path
+    return _real_folder(hlm_data, *_MITDB)
 
 
 @pytest.fixture(scope="session")
 def real_text_data_dir(hlm_data: Path) -> Path:
     """The real samples of the text datasets (``$HLM_DATA/text``)."""
-    path = hlm_data / "text"
-    if not (path / "alpaca_cleaned.jsonl").exists():
-        pytest.fail(f"{path} does not hold the text samples (alpaca_cleaned.jsonl missing)")
-    return path
+    return _real_folder(hlm_data, *_TEXT)
 
 
 # Record names of the stand-in database: the MIT-BIH records the tests name. Records with an
@@ -82,10 +88,7 @@ def mitdb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     root = _data_root()
     if root is not None:
-        path = root / "mitdb"
-        if not (path / "100.hea").exists():
-            pytest.fail(f"{path} does not hold MIT-BIH records (100.hea missing)")
-        return path
+        return _real_folder(root, *_MITDB)
     from hlmtune.ecg_tokenizer.synth import synthesize_record
 
     out = tmp_path_factory.mktemp("mitdb-standin")
@@ -101,10 +104,7 @@ def text_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Text samples: the real ones with ``HLM_DATA``, else generated files in their layouts."""
     root = _data_root()
     if root is not None:
-        path = root / "text"
-        if not (path / "alpaca_cleaned.jsonl").exists():
-            pytest.fail(f"{path} does not hold the text samples (alpaca_cleaned.jsonl missing)")
-        return path
+        return _real_folder(root, *_TEXT)
     out = tmp_path_factory.mktemp("text-standin")
     write_text_standins(out)
     return out
