@@ -118,7 +118,14 @@ def failure_summary(e: "ChildFailedError") -> str:  # noqa: F821 - torch importe
         text = f"hlmtune run: rank {rank} failed ({how})"
     else:
         text = f"hlmtune run: rank {rank} failed ({how}): {msg}"
-    others = sorted(r for r in e.failures if r != rank)
-    if others:
-        text += f"\nhlmtune run: ranks {', '.join(map(str, others))} failed too (after rank {rank})"
+    failed = sorted(r for r, f in e.failures.items() if r != rank and f.exitcode >= 0)
+    stopped = sorted(r for r, f in e.failures.items() if r != rank and f.exitcode < 0)
+    if failed:
+        text += f"\nhlmtune run: {_ranks(failed)} failed too (after rank {rank})"
+    if stopped:  # torchrun terminates the other ranks once one has failed
+        text += f"\nhlmtune run: {_ranks(stopped)} stopped by torchrun after rank {rank} failed"
     return text
+
+
+def _ranks(ranks: List[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -76,12 +76,13 @@ def test_failed_rank_is_reported_by_its_error_line(hlmtune_cli, copied, text_dat
         "import os, time\n"
         "if os.environ['RANK'] == '1':\n"
         "    raise RuntimeError('boom on rank 1')\n"
-        "time.sleep(1)\n"
+        "time.sleep(60)  # still running when rank 1 fails: torchrun stops it\n"
     )
     proc = _run(hlmtune_cli, "run", "--nproc_per_node", "2", "./fails_on_rank1.py", "--config", "my.yaml",
                 f"data_dir={text_data_dir}", cwd=copied)
     assert proc.returncode == 1, proc.stderr
     assert "hlmtune run: rank 1 failed (exit code 1): RuntimeError: boom on rank 1" in proc.stderr
+    assert "hlmtune run: rank 0 stopped by torchrun after rank 1 failed" in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "Root Cause" not in proc.stderr
     ok = copied / "ok.py"
     ok.write_text("print('fine')\n")
