@@ -216,11 +216,14 @@ class _Ctx:
         return dict(v)
 
 
-def check_slurm(ctx: _Ctx, node: Any, where: str, allowed: Sequence[str]) -> Dict[str, Any]:
-    """Check resource settings (types and the characters that may go into ``#SBATCH`` lines)."""
+def check_slurm(ctx: _Ctx, node: Any, where: str, allowed: Sequence[str], *, value_where: Optional[str] = None) -> Dict[str, Any]:
+    """Check resource settings (types and the characters that may go into ``#SBATCH`` lines).
+
+    ``value_where`` names the location of a single value (a resource axis value) in errors.
+    """
     s = ctx.mapping(node, where, allowed)
     for k, v in s.items():
-        w = f"{where}.{k}"
+        w = value_where or f"{where}.{k}"
         if v is None:
             continue
         if k in ("nodes", "devices", "cpus_per_task"):
@@ -318,7 +321,7 @@ def _axis(ctx: _Ctx, name: str, node: Any, where: str) -> Axis:
             raise ctx.err(w, f"value {v!r} appears twice")
         seen.append(v)
         if name in TASK_SLURM_KEYS:
-            check_slurm(ctx, {name: v}, w, TASK_SLURM_KEYS)
+            check_slurm(ctx, {name: v}, w, TASK_SLURM_KEYS, value_where=w)
         if name in SPECIAL_AXES and not isinstance(v, str):
             raise ctx.err(w, f"a {name} must be a string, got {v!r}")
         out.append(av)

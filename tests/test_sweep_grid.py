@@ -1,0 +1,103 @@
+"""Grid files: schema errors name the file and key, expansion order, exclusions, node limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hlmtune.sweep.grid import GridError, expand, load_grid
+from sweep_helpers import write_grid
+
+BASE = {"name": "g", "config": "tiny_lora", "node": {"gpus": 4, "cpus": 64}}
+
+
+def _grid(tmp_path: Path, **kw):
+    return write_grid(tmp_path / "grid.yaml", {**BASE, **kw})
+
+
+def _err(tmp_path: Path, **kw) -> str:
+    with pytest.raises(GridError) as e:
+        expand(load_grid(_grid(tmp_path, **kw)))
+    assert str(tmp_path / "grid.yaml") in str(e.value)
+    return str(e.value)
+
+
+def test_product_order_labels_and_overrides(tmp_path):
+    tasks = expand(load_grid(_grid(tmp_path, axes={
+        "method": {"values": [{"value": "lora", "set": {"batch_size": 2}}, {"value": "qlora", "label": "q"}]},
+        "devices": [1, 4],
+        "window": {"key": "dataset.max_seq_len", "label": "w{value}", "values": [128, 256]},
+    })))
+    assert [t.name for t in tasks][:3] == ["lora-devices1-w128", "lora-devices1-w256", "lora-devices4-w128"]
+    assert len(tasks) == 8 and [t.id for t in tasks] == list(range(8))
+    assert tasks[0].set == {"batch_size": 2, "dataset.max_seq_len": 128}
+    assert tasks[-1].set == {"dataset.max_seq_len": 256} and tasks[-1].name == "q-devices4-w256"
+    assert tasks[0].dir_name == "000-lora-devices1-w128"
+    # resources: 1 of 4 GPUs gets a quarter of the node's 64 CPUs
+    assert (tasks[0].slurm["devices"], tasks[0].slurm["gpus"], tasks[0].slurm["cpus_per_task"]) == (1, 1, 16)
+    assert tasks[2].slurm["cpus_per_task"] == 64
+
+
+def test_zip_varies_together_and_exclude(tmp_path):
+    tasks = expand(load_grid(_grid(tmp_path, config="llama3_8b_{method}_alpaca", axes={"method": ["lora", "qat"]},
+                                   zip=[{"cpus_per_task": [8, 16], "workers": {"key": "data_loader.num_workers", "values": [7, 15]}}],
+                                   exclude=[{"method": "qat", "cpus_per_task": [8]}])))
+    assert [(t.axes["method"], t.slurm["cpus_per_task"], t.set["data_loader.num_workers"]) for t in tasks] == [
+        ("lora", 8, 7), ("lora", 16, 15), ("qat", 16, 15)]
+
+
+def test_config_template_from_axes(tmp_path):
+    tasks = expand(load_grid(_grid(tmp_path, config="llama3_8b_{method}_{dataset}",
+                                   axes={"method": ["lora", "qat"], "dataset": ["alpaca", "samsum"]})))
+    assert [t.config for t in tasks] == ["llama3_8b_lora_alpaca", "llama3_8b_lora_samsum", "llama3_8b_qat_alpaca", "llama3_8b_qat_samsum"]
+
+
+def test_floats_like_configs(tmp_path):
+    p = tmp_path / "grid.yaml"
+    p.write_text("name: g\nconfig: tiny_lora\naxes:\n  lr: {key: optimizer.lr, values: [3e-4, 1e-3]}\n")
+    assert [t.set["optimizer.lr"] for t in expand(load_grid(p))] == [0.0003, 0.001]
+
+
+@pytest.mark.parametrize("kw,expect", [
+    ({"axis": {"lr": [1]}}, "unknown key 'axis' (did you mean 'axes'?)"),
+    ({"slurm": {"partion": "gpu"}, "axes": {"devices": [1]}}, "slurm: unknown key 'partion' (did you mean 'partition'?)"),
+    ({"axes": {"lr": {"key": "optimizer.lr", "valuse": [1]}}}, "axes.lr: unknown key 'valuse' (did you mean 'values'?)"),
+    ({"axes": {"devices": []}}, "axes.devices: empty axis"),
+    ({}, "axes: no axes"),
+    ({"axes": {"lr": [0.1, 0.2]}}, "axes.lr: this axis changes nothing"),
+    ({"axes": {"devices": [1, 1]}}, "axes.devices[1]: value 1 appears twice"),
+    ({"axes": {"devices": [1]}, "zip": [{"cpus_per_task": [8, 16], "w": {"key": "data_loader.num_workers", "values": [1, 2, 3]}}]},
+     "zip[0]: zip lists differ in length: cpus_per_task has 2, w has 3"),
+    ({"axes": {"devices": [2, 8]}}, "task 1 (devices=8): devices=8 per node but a node has 4 GPUs (node.gpus)"),
+    ({"axes": {"cpus_per_task": [16, 128]}}, "task 1 (cpus_per_task=128): cpus_per_task=128 but a node has 64 CPUs"),
+    ({"axes": {"devices": [1]}, "config": "x_{methd}"}, "{methd} is not an axis"),
+    ({"axes": {"devices": [1]}, "exclude": [{"devics": 1}]}, "'devics' is not an axis (did you mean 'devices'?)"),
+    ({"axes": {"devices": [1]}, "exclude": [{"devices": 1}]}, "every combination is excluded"),
+    ({"axes": {"time": ["1:00:00", "2 hours"]}}, "axes.time[1]: '2 hours' is not a SLURM time"),
+    ({"axes": {"devices": [1]}, "slurm": {"partition": "gpu; rm -rf /"}}, "slurm.partition: 'gpu; rm -rf /': expected one word"),
+    ({"name": "my sweep", "axes": {"devices": [1]}}, "name: 'my sweep'"),
+    ({"axes": {"a": {"key": "batch_size", "values": [1]}, "b": {"values": [{"value": 1, "set": {"batch_size": 2}}]}}},
+     "axes 'a' and 'b' both set 'batch_size' (1 vs 2)"),
+])
+def test_bad_grids_name_key_axis_and_value(tmp_path, kw, expect):
+    assert expect in _err(tmp_path, **kw)
+
+
+def test_cpu_nodes_count_ranks_against_cpus(tmp_path):
+    msg = _err(tmp_path, node={"gpus": 0, "cpus": 2}, axes={"devices": [1, 4]})
+    assert "task 1 (devices=4): devices=4 CPU ranks per node but a node has 2 CPUs" in msg
+    tasks = expand(load_grid(_grid(tmp_path, node={"gpus": 0}, axes={"devices": [1, 2]})))
+    assert [(t.slurm["cpus_per_task"], t.slurm["gpus"]) for t in tasks] == [(1, 0), (2, 0)]
+
+
+def test_not_yaml_and_missing(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: [unclosed\n")
+    with pytest.raises(GridError, match="bad.yaml: not valid YAML"):
+        load_grid(p)
+    with pytest.raises(GridError, match="no such grid file"):
+        load_grid(tmp_path / "nope.yaml")
+    p.write_text("!!python/object/apply:os.system ['true']\n")
+    with pytest.raises(GridError, match="not valid YAML"):  # safe loading: no object construction
+        load_grid(p)
