@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 # Override: make test HLM_DATA=/path/to/data
 HLM_DATA ?= $(wildcard $(abspath ../shared/data))
 export HLM_DATA
+# A real single-node SLURM for the sweep tests (skipped with the reason when absent).
+HLM_SLURM_TOOL ?= $(wildcard $(abspath ../shared/tools/local_slurm.sh))
+export HLM_SLURM_TOOL
 
 .PHONY: install test demo scaling-demo bench clean
 
