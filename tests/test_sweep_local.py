@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from hlmtune.cli import main
+from hlmtune.sweep.local import has_checkpoint
 from sweep_helpers import write_grid, write_stub
 
 
@@ -42,16 +43,23 @@ def test_local_run_fail_status_resume(capsys, tmp_path, monkeypatch):
         ("0", "0.001", "2", "done"), ("1", "0.002", "2", "failed"), ("2", "0.003", "2", "done")]
 
     # a checkpoint of the failed attempt: the rerun resumes from it
+    (dirs[1] / "checkpoints" / "step_8.partial").mkdir(parents=True)  # an interrupted save does not count
+    (dirs[1] / "checkpoints" / "step_8.partial" / "state.json").write_text("{}")
+    assert not has_checkpoint(dirs[1])
     ck = dirs[1] / "checkpoints" / "step_4"
     ck.mkdir(parents=True)
+    assert not has_checkpoint(dirs[1])  # no state.json yet: an incomplete save
     (ck / "state.json").write_text("{}")
-    (dirs[1] / "checkpoints" / "step_8.partial").mkdir()  # an interrupted save does not count
+    assert has_checkpoint(dirs[1])
+    done_cfg = dirs[0] / "config.yaml"
+    done_cfg.write_text(done_cfg.read_text() + "# edited after the run\n")
     monkeypatch.delenv("STUB_FAIL")
     assert main(["sweep", str(g), "--resume", "--local", "--runs-dir", str(runs)]) == 0
     out = capsys.readouterr().out
     assert "resuming 1 task(s): 1" in out
     assert [len(_calls(x)) for x in dirs] == [1, 2, 1]
     assert _calls(dirs[1])[-1]["argv"][-1] == "resume_from_checkpoint=True"
+    assert done_cfg.read_text().endswith("# edited after the run\n")  # a complete run's files are not rewritten
     assert main(["sweep", "status", str(d)]) == 0
     assert capsys.readouterr().out.strip().endswith("3 tasks: 3 done")
     assert main(["sweep", str(g), "--resume", "--local", "--runs-dir", str(runs)]) == 0

@@ -23,6 +23,7 @@ import pytest
 from sweep_helpers import sweep_cli, tiny_grid, write_alpaca, write_grid
 
 pytestmark = pytest.mark.slow
+CLUSTER_CPUS = 4
 
 
 def _tool() -> Path:
@@ -42,7 +43,12 @@ def slurm_cluster():
     tool = _tool()
     status = subprocess.run(["bash", str(tool), "status"], capture_output=True, text=True, timeout=60)
     was_running = "slurmctld: running" in status.stdout
-    proc = subprocess.run(["bash", str(tool), "start"], capture_output=True, text=True, timeout=900)
+    # 4 advertised CPUs (the tool allows more than the real 2): 4 one-CPU tasks could all run at
+    # once, so only the array's %2 limit keeps them to 2 and the concurrency check means something.
+    env = dict(os.environ, SLURM_LOCAL_CPUS=str(CLUSTER_CPUS))
+    cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.strip() if was_running else ""
+    action = "restart" if was_running and cpus != str(CLUSTER_CPUS) else "start"
+    proc = subprocess.run(["bash", str(tool), action], capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:
         pytest.fail(f"{tool} start failed:\n{proc.stderr[-3000:]}")
     env_line = subprocess.run(["bash", str(tool), "env"], capture_output=True, text=True, timeout=60).stdout.strip()
