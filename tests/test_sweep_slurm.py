@@ -110,6 +110,16 @@ def _status(sweep_dir: Path) -> List[dict]:
     return json.loads(proc.stdout)
 
 
+def _submit_one(tmp_path: Path, grid: dict):
+    """Submit a one-task grid without a collect job; returns (sweep dir, array job id)."""
+    g = write_grid(tmp_path / "grid.yaml", grid)
+    runs = tmp_path / "runs"
+    sub = sweep_cli(str(g), "--submit", "--no-collect", "--runs-dir", str(runs), cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    sweep_dir = runs / grid["name"]
+    return sweep_dir, _job_ids(sweep_dir)[0]
+
+
 def test_array_collect_resume_and_concurrency_limit(slurm_cluster, tiny_assets, tmp_path):
     model, data = tiny_assets
     late = tmp_path / "late" / "alpaca_cleaned.jsonl"  # missing at first: task 3 fails on purpose
@@ -168,12 +178,7 @@ def test_requeue_resumes_from_checkpoint(slurm_cluster, tiny_assets, tmp_path):
     grid = tiny_grid("requeue", model, data, requeue={"signal_seconds": 60, "save_every_n_steps": 5})
     grid["set"].update(max_steps_per_epoch=150, save_adapter_weights_only=True)
     grid["axes"] = {"lr": {"key": "optimizer.lr", "values": [0.001]}}
-    g = write_grid(tmp_path / "grid.yaml", grid)
-    runs = tmp_path / "runs"
-    sub = sweep_cli(str(g), "--submit", "--no-collect", "--runs-dir", str(runs), cwd=tmp_path)
-    assert sub.returncode == 0, sub.stderr
-    sweep_dir = runs / "requeue"
-    job = _job_ids(sweep_dir)[0]
+    sweep_dir, job = _submit_one(tmp_path, grid)
     run_dir = sweep_dir / json.loads((sweep_dir / "manifest.json").read_text())["tasks"][0]["dir"]
     end = time.time() + 300
     while not (run_dir / "checkpoints" / "step_5" / "state.json").exists():
@@ -208,12 +213,7 @@ def test_multi_node_template_rendezvous(slurm_cluster, tiny_assets, tmp_path):
     model, data = tiny_assets
     grid = tiny_grid("multinode", model, data, slurm={"time": "00:10:00", "template": "multi_node"})
     grid["axes"] = {"devices": [2]}
-    g = write_grid(tmp_path / "grid.yaml", grid)
-    runs = tmp_path / "runs"
-    sub = sweep_cli(str(g), "--submit", "--no-collect", "--runs-dir", str(runs), cwd=tmp_path)
-    assert sub.returncode == 0, sub.stderr
-    sweep_dir = runs / "multinode"
-    job = _job_ids(sweep_dir)[0]
+    sweep_dir, job = _submit_one(tmp_path, grid)
     _wait_gone([job])
     state = _status(sweep_dir)[0]
     log = (sweep_dir / "logs" / f"{job}_0.out").read_text()

@@ -561,7 +561,6 @@ def _format(ctx: _Ctx, text: str, labels: Mapping[str, Any], where: str) -> str:
 def _task(ctx: _Ctx, grid: Grid, tid: int, picks: List[Tuple[Axis, AxisValue]]) -> Task:
     values = {a.name: v.value for a, v in picks}
     desc = f"task {tid} (" + ", ".join(f"{k}={v}" for k, v in values.items()) + ")"
-    fill = {a.name: v.value for a, v in picks}
     overrides: Dict[str, Any] = dict(grid.set)
     owner: Dict[str, str] = {}
     unset = list(grid.unset)
@@ -589,8 +588,8 @@ def _task(ctx: _Ctx, grid: Grid, tid: int, picks: List[Tuple[Axis, AxisValue]]) 
         if a.name in TASK_SLURM_KEYS:
             slurm[a.name] = v.value
         slurm.update(v.slurm)
-    config = _format(ctx, config, fill, f"{desc}: config")
-    recipe = _format(ctx, recipe, fill, f"{desc}: recipe") if recipe else None
+    config = _format(ctx, config, values, f"{desc}: config")
+    recipe = _format(ctx, recipe, values, f"{desc}: recipe") if recipe else None
     _resources(ctx, grid, desc, slurm)
     name = "-".join(v.label for _, v in picks)
     return Task(id=tid, name=name, axes=values, recipe=recipe, config=config, set=overrides,
@@ -609,7 +608,7 @@ def _resources(ctx: _Ctx, grid: Grid, desc: str, s: Dict[str, Any]) -> None:
             raise GridError(f"{grid.path}: {desc}: devices={s['devices']} per node but a node has {gpus} GPUs (node.gpus)")
         if s.get("cpus_per_task") is None:
             # A task's fair share of the node: CPUs in proportion to the GPUs it takes.
-            s["cpus_per_task"] = max(1, (cpus or gpus) * s["devices"] // gpus) if cpus else s["devices"]
+            s["cpus_per_task"] = max(1, cpus * s["devices"] // gpus) if cpus else s["devices"]
     else:
         if cpus and s["devices"] > cpus:
             raise GridError(f"{grid.path}: {desc}: devices={s['devices']} CPU ranks per node but a node has {cpus} CPUs (node.cpus)")
