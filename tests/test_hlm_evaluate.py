@@ -52,3 +52,22 @@ def test_base_builder_of_lora_and_qlora_configs():
                                 "lora_attn_modules": ["q_proj"], "quantize_base": True})
         base = ev.base_builder_config(cfg)
         assert base._component_ == "hlmtune.hlm.model.hlm_1m" and set(base) == {"_component_", "manifest_path"}
+
+
+def test_predict_batches_and_compiled_path_agree_with_one_by_one():
+    """Right padding, length grouping and the fixed-shape compiled path change no prediction."""
+    import torch
+
+    from hlmtune.hlm.model import hlm_1m
+
+    torch.manual_seed(0)
+    model = hlm_1m(vocab_size=303).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in torch.randint(5, 30, (11,), generator=g)]
+    choices = [4, 5, 6, 7]
+    with torch.inference_mode():
+        ref = [int(model(torch.tensor([p]))[0, -1, choices].argmax()) for p in prompts]
+    got, _ = ev.predict(model, prompts, choices, batch_size=4, desc="t")
+    assert got == ref
+    got_c, off = ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=True)
+    assert got_c == ref and 0 <= off <= len(prompts)
