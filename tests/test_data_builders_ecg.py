@@ -141,6 +141,7 @@ def test_class_balance_shares(hlm):
     labels = np.array([0] * 900 + [1] * 90 + [2] * 10)
     eq = Counter(labels[balanced_indices(labels, balance=0.0, num_examples=300, seed=0)])
     assert eq == {0: 100, 1: 100, 2: 100}
+    assert len(balanced_indices(labels, balance=0.5, num_examples=301, seed=0)) == 301  # rounding handed out
     nat = Counter(labels[balanced_indices(labels, balance=1.0, num_examples=1000, seed=0)])
     assert nat == {0: 900, 1: 90, 2: 10}
     sq = balanced_indices(labels, balance=0.5, num_examples=1000, seed=0)
