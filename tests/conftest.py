@@ -170,12 +170,18 @@ def write_text_standins(out: Path, seed: int = 0) -> None:
         ]})
     write("slimorca_sample.jsonl", slimorca)
 
+    def wrong_sum(question: str) -> str:
+        # Same words as the right answer, another number: a tiny model cannot add, so the
+        # preference is learned pair by pair over epochs, not from one token in the first step.
+        a, b = (int(t) for t in question.removeprefix("What is ").removesuffix("?").split(" plus "))
+        return f"{a} plus {b} is {rng.choice([n for n in range(4, 199) if n != a + b])}."
+
     hh = []
     for _ in range(300):
         (q1, a1), (q2, a2) = spelling(), arithmetic()
         turns = [{"role": "user", "content": q1}, {"role": "assistant", "content": a1}, {"role": "user", "content": q2}]
         hh.append({"chosen": [*turns, {"role": "assistant", "content": a2}],
-                   "rejected": [*turns, {"role": "assistant", "content": a2.replace(" is ", " is not ")}]})
+                   "rejected": [*turns, {"role": "assistant", "content": wrong_sum(q2)}]})
     write("hh_rlhf_harmless_base_test_messages.jsonl", hh)
 
     stack = []
