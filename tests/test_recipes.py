@@ -174,9 +174,12 @@ DPO_CASES = [("lora_dpo_distributed", "tiny_lora_dpo"), ("full_dpo_distributed",
 
 @pytest.mark.parametrize("world_size", [1, 2])
 @pytest.mark.parametrize("recipe,config", DPO_CASES, ids=[c for _, c in DPO_CASES])
-def test_dpo_reward_accuracy_rises(recipe, config, world_size, tiny_model, text_data_dir, tmp_path):
+def test_dpo_reward_accuracy_rises(recipe, config, world_size, tiny_model, real_text_data_dir, tmp_path):
+    """On the real preference samples (thresholds measured there). Generated stand-in pairs are
+    either learnt in one step or barely at all by a random-init model, so a fresh clone sees DPO
+    train on the ECG model instead (``test_hlm_recipes.py::test_dpo_from_the_classifier``)."""
     out = tmp_path / "run"
-    run_recipe(recipe, config, out, model_dir=tiny_model, data_dir=text_data_dir,
+    run_recipe(recipe, config, out, model_dir=tiny_model, data_dir=real_text_data_dir,
                nproc=world_size if world_size > 1 else None,
                overrides=[f"batch_size={2 // world_size}"])
     steps = read_steps(out)
