@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from torch.utils.data import Dataset
 
-from hlmtune.ecg_tokenizer.dataset import ECGTokensDataset, ecg_tokens_dataset  # noqa: F401 (re-exported)
+from hlmtune.ecg_tokenizer.dataset import ECGTokensDataset, ecg_tokens_dataset, open_token_shard  # noqa: F401
 from hlmtune.ecg_tokenizer.shards import RECORDS_SUBDIR, read_manifest, stem
 from hlmtune.ecg_tokenizer.vocab import BOS_ID, EOS_ID, TokenizerParams, Vocabulary
 from hlmtune.hlm.splits import RANDOM, TRAIN, random_beat_mask, resolve_records
@@ -119,11 +119,7 @@ class _BeatTables:
     def tokens(self, i: int) -> np.ndarray:
         m = self._maps.get(i)
         if m is None:
-            meta = self.meta[i]
-            m = np.load(self.dir / meta["outputs"]["tokens"]["file"], mmap_mode="r")
-            if m.shape != (int(meta["n_tokens"]),):
-                raise ValueError(f"shard of record {meta['record']} has shape {m.shape}, manifest says ({meta['n_tokens']},)")
-            self._maps[i] = m
+            m = self._maps[i] = open_token_shard(self.dir, self.meta[i])
         return m
 
     def __getstate__(self) -> Dict[str, Any]:  # DataLoader workers re-open the maps

@@ -32,6 +32,25 @@ from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 SPLITS = {"DS1": MITDB_DS1, "DS2": MITDB_DS2}
 
 
+def open_token_shard(shards_dir: Path, record: Dict[str, Any]) -> np.ndarray:
+    """Memory-map one record's token shard and check its length against the manifest.
+
+    Args:
+        shards_dir (Path): the shards' directory.
+        record (Dict[str, Any]): the record's manifest entry.
+
+    Returns:
+        np.ndarray: (n_tokens,) read-only memory map.
+
+    Raises:
+        ValueError: the shard's length disagrees with the manifest (a truncated or replaced file).
+    """
+    m = np.load(Path(shards_dir) / record["outputs"]["tokens"]["file"], mmap_mode="r")
+    if m.shape != (int(record["n_tokens"]),):
+        raise ValueError(f"shard of record {record['record']} has shape {m.shape}, manifest says ({record['n_tokens']},)")
+    return m
+
+
 class ECGTokensDataset(Dataset):
     """Windows of token shards (map-style ``torch.utils.data.Dataset``).
 
@@ -113,11 +132,7 @@ class ECGTokensDataset(Dataset):
     def _tokens(self, i: int) -> np.ndarray:
         m = self._maps.get(i)
         if m is None:
-            r = self.records[i]
-            m = np.load(self.dir / r["outputs"]["tokens"]["file"], mmap_mode="r")
-            if m.shape != (int(r["n_tokens"]),):
-                raise ValueError(f"shard of record {r['record']} has shape {m.shape}, manifest says ({r['n_tokens']},)")
-            self._maps[i] = m
+            m = self._maps[i] = open_token_shard(self.dir, self.records[i])
         return m
 
     def __len__(self) -> int:
