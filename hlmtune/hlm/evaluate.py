@@ -426,14 +426,13 @@ def register(subparsers: Any) -> None:
             "the classifier: its next token after <beat?> is the prediction. Writes metrics.json, "
             "confusion.csv/.png and report.md to --out (default <output_dir>/eval)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--config", required=True,
                    help="the run's config: pack name (ecg_lora), YAML path, or a run's output_dir "
                         "(reads the torchtune_config.yaml the run wrote)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, as given to `hlmtune run` (e.g. output_dir=...)")
-    p.add_argument("--split", default="DS2", help="test split (DS2 = MIT-BIH inter-patient test records)")
-    p.add_argument("--batch-size", type=int, default=256, help="prompts per forward pass")
+    p.add_argument("--split", default="DS2", help="test split (default DS2: MIT-BIH inter-patient test records)")
+    p.add_argument("--batch-size", type=int, default=256, help="prompts per forward pass (default 256)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default <output_dir>/eval)")
     p.add_argument("--quantized", action="store_true", help="QAT run: also evaluate its int8/int4 export")
     p.add_argument("--ptq-run", type=Path, default=None,
