@@ -46,12 +46,12 @@ def _mulaw_edges_mv() -> np.ndarray:
     return np.sign(y) * AMP * np.expm1(np.abs(y) * np.log1p(MU)) / MU
 
 
-def _physical_resampled(mitdb_dir, name: str):
+def _physical_resampled(real_mitdb_dir, name: str):
     """wfdb's physical MLII signal resampled to 128 Hz with resample_poly and the documented filter."""
     import wfdb
     from scipy import signal
 
-    rec = wfdb.rdrecord(str(mitdb_dir / name))
+    rec = wfdb.rdrecord(str(real_mitdb_dir / name))
     x = rec.p_signal[:, rec.sig_name.index("MLII")]
     ratio = Fraction(RATE, int(rec.fs))
     up, down = ratio.numerator, ratio.denominator
@@ -66,16 +66,16 @@ def _physical_resampled(mitdb_dir, name: str):
 
 
 @pytest.fixture(scope="module")
-def record_100(mitdb_dir):
-    rec = load_record(mitdb_dir, "100")
+def record_100(real_mitdb_dir):
+    rec = load_record(real_mitdb_dir, "100")
     tok = ECGTokenizer()  # samples scheme, documented defaults
     out = tokenize_record(rec, tok.params)
     return rec, out, tok.decode(out.tokens.tolist())
 
 
-def test_decoded_windows_match_scipy_resampling_of_wfdb_physical_signal(mitdb_dir, record_100):
+def test_decoded_windows_match_scipy_resampling_of_wfdb_physical_signal(real_mitdb_dir, record_100):
     _, out, dec = record_100
-    y, up, down, _ = _physical_resampled(mitdb_dir, "100")
+    y, up, down, _ = _physical_resampled(real_mitdb_dir, "100")
     assert (dec.waveforms.shape[1], out.beats.size) == (W, dec.waveforms.shape[0])
     edges = _mulaw_edges_mv()
     worst = 0.0
@@ -107,11 +107,11 @@ def test_r_peak_sits_at_index_w_over_3(record_100):
     assert offsets[0] + offsets[1] + offsets[-1] > 0.97 * out.beats.size, offsets.most_common(5)
 
 
-def test_rr_bins_of_known_intervals(mitdb_dir, record_100):
+def test_rr_bins_of_known_intervals(real_mitdb_dir, record_100):
     import wfdb
 
     _, out, dec = record_100
-    ann = wfdb.rdann(str(mitdb_dir / "100"), "atr")
+    ann = wfdb.rdann(str(real_mitdb_dir / "100"), "atr")
     beats = np.array([s for s, sym in zip(ann.sample, ann.symbol) if sym in AAMI])
     rr = np.diff(beats)  # samples at 360 Hz
     # 16 equal bins over [0.2, 2.0] s, clipped: bin = floor((rr / 360 - 0.2) / 0.1125)
@@ -129,20 +129,20 @@ def test_rr_bins_of_known_intervals(mitdb_dir, record_100):
 
 
 @pytest.fixture(scope="module")
-def decoded_classes(mitdb_dir):
+def decoded_classes(real_mitdb_dir):
     """Class names per record, from the annotation scheme's tokens decoded by the public API."""
     tok = ECGTokenizer(scheme="annotation")
-    names = sorted(p.stem for p in mitdb_dir.glob("*.atr"))
-    return {n: Counter(tok.decode(tokenize_record(load_record(mitdb_dir, n), tok.params).tokens.tolist()).labels)
+    names = sorted(p.stem for p in real_mitdb_dir.glob("*.atr"))
+    return {n: Counter(tok.decode(tokenize_record(load_record(real_mitdb_dir, n), tok.params).tokens.tolist()).labels)
             for n in names}
 
 
-def test_class_counts_per_record_match_wfdb_annotations(mitdb_dir, decoded_classes):
+def test_class_counts_per_record_match_wfdb_annotations(real_mitdb_dir, decoded_classes):
     import wfdb
 
     assert len(decoded_classes) == 48
     for name, got in decoded_classes.items():
-        ann = wfdb.rdann(str(mitdb_dir / name), "atr")
+        ann = wfdb.rdann(str(real_mitdb_dir / name), "atr")
         expect = Counter(AAMI[s] for s in ann.symbol if s in AAMI)
         assert got == expect, name
 
