@@ -205,15 +205,15 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
     train_records = sp.resolve_records(split=train_split, records=ds.get("records"), split_file=ds.get("split_file"),
                                        available=available)
     if train_split == sp.RANDOM:
-        test_split, test_records = sp.RANDOM, None  # the test beats of the same records
+        test_split = sp.RANDOM  # the held-out beats of the same records
     else:
-        test_split, test_records = split, None
+        test_split = split
         test = sp.resolve_records(split=split, records=None, split_file=ds.get("split_file"), available=available,
                                   evaluation=True)
         sp.check_disjoint(train_records, test)
     if comp in ("ecg_beat_classification_dataset", "ecg_beat_dpo_dataset"):
         d = builders._classification(
-            tokenizer, shards_dir=ds.get("shards_dir"), split=test_split, records=test_records,
+            tokenizer, shards_dir=ds.get("shards_dir"), split=test_split, records=None,
             split_file=ds.get("split_file"), context_beats=ds.get("context_beats", 16), classes=ds.get("classes"),
             balance=None, num_examples=None, seed=ds.get("seed", 0),
             random_test_fraction=ds.get("random_test_fraction", 0.2), evaluation=True,

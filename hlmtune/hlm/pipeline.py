@@ -109,6 +109,19 @@ def _run(cmd: List[str], env: Dict[str, str], log: Path) -> None:
         raise RuntimeError(f"stage failed (exit {rc}): {' '.join(cmd[:6])} ...; log {log}:\n" + "\n".join(tail))
 
 
+def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[str, str], what: str,
+                 cmd: List[str]) -> float:
+    """Run one training stage unless its export ``done`` exists; returns its wall time (s)."""
+    t0 = time.perf_counter()
+    if force or not done.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _say(what)
+        _run(cmd, env, run_dir / "train.log")
+    else:
+        _say(f"{name}: finished before, kept ({run_dir}; --force redoes it)")
+    return time.perf_counter() - t0
+
+
 def _train_cmd(nproc: int, recipe: str, config: str, overrides: Sequence[str], run_dir: Path) -> List[str]:
     hlm = [sys.executable, "-m", "hlmtune.cli", "run"]
     launch = ["--nproc_per_node", str(nproc)] if nproc > 1 else []
@@ -239,30 +252,21 @@ def run_pipeline(
     common = [f"shards_dir={tokens}", f"split_file={split_file}" if split_file else "split_file=null"]
     size = [f"model._component_=hlmtune.hlm.model.{model}"]
 
-    # 3. pretrain
-    pre = out / "runs" / "pretrain"
-    t0 = time.perf_counter()
-    if force or not (pre / "epoch_0" / "model.pt").exists():
-        pre.mkdir(parents=True, exist_ok=True)
-        _say(f"pretraining {model} for {pretrain_steps} steps on {nproc} CPU rank(s)")
-        _run(_train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
-                        [*common, *size, f"max_steps_per_epoch={pretrain_steps}"], pre), env, pre / "train.log")
-    else:
-        _say(f"pretrain: finished before, kept ({pre}; --force redoes it)")
-    timings["pretrain"] = time.perf_counter() - t0
-
-    # 4. LoRA fine-tune
-    ft = out / "runs" / "lora"
-    t0 = time.perf_counter()
-    if force or not (ft / "epoch_0" / "model-00001-of-00001.bin").exists():
-        ft.mkdir(parents=True, exist_ok=True)
-        _say(f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples")
-        _run(_train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
-                        [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pre}",
-                         f"dataset.num_examples={finetune_examples}"], ft), env, ft / "train.log")
-    else:
-        _say(f"fine-tune: finished before, kept ({ft}; --force redoes it)")
-    timings["finetune"] = time.perf_counter() - t0
+    # 3. pretrain, 4. LoRA fine-tune
+    pre, ft = out / "runs" / "pretrain", out / "runs" / "lora"
+    timings["pretrain"] = _train_stage(
+        "pretrain", pre, pre / "epoch_0" / "model.pt", force, env,
+        f"pretraining {model} for {pretrain_steps} steps on {nproc} CPU rank(s)",
+        _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
+                   [*common, *size, f"max_steps_per_epoch={pretrain_steps}"], pre),
+    )
+    timings["finetune"] = _train_stage(
+        "fine-tune", ft, ft / "epoch_0" / "model-00001-of-00001.bin", force, env,
+        f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples",
+        _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
+                   [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pre}",
+                    f"dataset.num_examples={finetune_examples}"], ft),
+    )
 
     # 5. evaluate on DS2
     t0 = time.perf_counter()
