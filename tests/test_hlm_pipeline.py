@@ -49,3 +49,17 @@ def test_bad_flags_and_outputs_are_one_line(tmp_path):
         proc = subprocess.run([HLMTUNE, "demo", *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_database_with_a_split_file_is_named_for_what_it_is(tmp_path):
+    """A real WFDB database given with a splits.json is not called synthetic; a synthetic one is."""
+    from hlmtune.hlm.pipeline import find_data, synthetic_database
+
+    real = tmp_path / "mydb"
+    real.mkdir()
+    (real / "splits.json").write_text(json.dumps({"DS1": ["a01"], "DS2": ["a02"]}))
+    _, described, split_file = find_data(str(real), tmp_path, "auto")
+    assert split_file == real / "splits.json" and "synthetic" not in described.lower() and str(real) in described
+    synth = synthetic_database(tmp_path / "synth", n_records=2, duration_s=20)
+    _, described, _ = find_data(str(synth), tmp_path, "auto")
+    assert described.startswith("SYNTHETIC ECG")

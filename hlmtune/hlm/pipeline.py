@@ -35,6 +35,7 @@ COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 # the RR-ratio features of the inter-patient literature (de Chazal 2004) need the finer grid.
 RR_BINS = 64
 DISK_LOGGER = "torchtune.training.metric_logging.DiskLogger"
+SYNTHETIC_MARK = "SYNTHETIC"  # file in a database written by synthetic_database()
 
 
 def _say(msg: str) -> None:
@@ -58,7 +59,11 @@ def find_data(data: Optional[str], out: Path, source: str) -> Tuple[Path, str, O
         if not (p / "100.hea").exists() and not (p / "splits.json").exists():
             raise FileNotFoundError(f"--data {p}: no MIT-BIH records (100.hea) and no splits.json of a synthetic database")
         split_file = p / "splits.json" if (p / "splits.json").exists() else None
-        return p, ("synthetic ECG" if split_file else f"MIT-BIH Arrhythmia Database ({p})"), split_file
+        if split_file is None:
+            return p, f"MIT-BIH Arrhythmia Database ({p})", None
+        if (p / SYNTHETIC_MARK).exists():
+            return p, "SYNTHETIC ECG (hlmtune synth-ecg; not MIT-BIH: numbers say nothing about real patients)", split_file
+        return p, f"WFDB database {p} with the splits of {split_file}", split_file
     env = os.environ.get("HLM_DATA")
     if source in ("auto", "mitdb") and env and (Path(env) / "mitdb" / "100.hea").exists():
         return Path(env) / "mitdb", f"MIT-BIH Arrhythmia Database ($HLM_DATA/mitdb = {Path(env) / 'mitdb'})", None
@@ -89,6 +94,7 @@ def synthetic_database(path: Path, n_records: int = 8, duration_s: float = 300.0
     if not (path / "splits.json").exists():
         names = write_synthetic_database(path, n_records=n_records, duration_s=duration_s, seed=0)
         k = max(1, (len(names) * 5) // 8)
+        atomic_write_text(path / SYNTHETIC_MARK, "records written by hlmtune synth-ecg, not real patients\n")
         atomic_write_text(path / "splits.json", json.dumps({"DS1": names[:k], "DS2": names[k:]}, indent=1) + "\n")
     return path
 
