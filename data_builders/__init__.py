@@ -53,6 +53,7 @@ _EXPORTS: Dict[str, str] = {
 _EXPORTS.update({
     name: "ecg" for name in (
         "ecg_tokens_dataset", "ECGTokensDataset", "ecg_pretrain_dataset", "ecg_beat_classification_dataset",
+        "ecg_beat_stream_dataset", "ECGBeatStreamDataset",
         "ecg_beat_dpo_dataset", "ecg_af_dataset", "ECGBeatClassificationDataset", "ECGBeatPreferenceDataset",
         "ECGAFDataset",
     )

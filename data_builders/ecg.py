@@ -104,6 +104,30 @@ def balanced_indices(labels: np.ndarray, *, balance: Optional[float], num_exampl
     return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
 
+def _samples_params(manifest: Dict[str, Any]) -> TokenizerParams:
+    """Parameters of ``samples`` shards with RR bins (what beat classification reads)."""
+    params = TokenizerParams.from_dict(manifest["params"])
+    if params.scheme != "samples":
+        raise ValueError(
+            f"beat classification reads 'samples' shards; {manifest['_dir']} holds '{params.scheme}' shards, "
+            "whose tokens are the annotators' labels (an input may not contain the answer). Tokenize with "
+            "`hlmtune tokenize --scheme samples`"
+        )
+    if not params.rr_bins:
+        raise ValueError(f"beat classification needs RR tokens: {manifest['_dir']} was tokenized with --rr-bins 0")
+    return params
+
+
+def _target_classes(vocab: Vocabulary, classes: Optional[Sequence[str]]) -> Tuple[List[str], np.ndarray]:
+    """(class names, their label ids); default every labelled class (the last is <unlabeled>)."""
+    all_classes = vocab.classes[:-1]
+    chosen: List[str] = list(classes) if classes is not None else list(all_classes)
+    unknown = [c for c in chosen if c not in all_classes]
+    if unknown:
+        raise ValueError(f"classes {unknown} are not label classes of these shards ({all_classes})")
+    return chosen, np.array([vocab.classes.index(c) for c in chosen])
+
+
 class _BeatTables:
     """Beat tables of the chosen records, concatenated, and lazily opened token maps."""
 
@@ -157,27 +181,14 @@ class ECGBeatClassificationDataset(Dataset):
         seed: int,
         beat_mask: Optional[Dict[str, np.ndarray]] = None,
     ) -> None:
-        params = TokenizerParams.from_dict(manifest["params"])
-        if params.scheme != "samples":
-            raise ValueError(
-                f"beat classification reads 'samples' shards; {manifest['_dir']} holds '{params.scheme}' shards, "
-                "whose tokens are the annotators' labels (an input may not contain the answer). Tokenize with "
-                "`hlmtune tokenize --scheme samples`"
-            )
-        if not params.rr_bins:
-            raise ValueError(f"beat classification needs RR tokens: {manifest['_dir']} was tokenized with --rr-bins 0")
+        params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
             raise ValueError(f"context_beats must be 0..1000, got {context_beats}")
         self.vocab = Vocabulary(params)
         self.params = params
         self.context_beats = int(context_beats)
         self.beats = _BeatTables(manifest, records)
-        all_classes = self.vocab.classes[:-1]  # the last class is <unlabeled>
-        self.classes: List[str] = list(classes) if classes is not None else list(all_classes)
-        unknown = [c for c in self.classes if c not in all_classes]
-        if unknown:
-            raise ValueError(f"classes {unknown} are not label classes of these shards ({all_classes})")
-        class_ids = np.array([self.vocab.classes.index(c) for c in self.classes])
+        self.classes, class_ids = _target_classes(self.vocab, classes)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
@@ -221,6 +232,163 @@ class ECGBeatClassificationDataset(Dataset):
         answer = self.vocab.label_base + int(self.label[self.index[k]])
         tokens = prompt + [answer, EOS_ID]
         labels = [IGNORE] * len(prompt) + [answer, IGNORE]
+        return {"tokens": tokens, "labels": labels}
+
+
+class ECGBeatStreamDataset(Dataset):
+    """Windows of consecutive beats of one record; every beat is classified after its own signal.
+
+    One window of ``K`` beats (``K = (max_seq_len - 2) // (beat_samples + 4)``)::
+
+        <bos> [<sep> rr(b) q...q rr(b+1) <beat?>] x K <eos>
+
+    The class of beat ``b`` is the label of the position after its ``<beat?>``, whose *input*
+    token is the next beat's ``<sep>`` (or ``<eos>``): torchtune's recipes shift labels by one
+    position, so the logits at ``<beat?>`` are trained towards the class while no class token
+    ever enters the input. Earlier beats of the window are the patient's own waveforms: the
+    reference morphology that the per-beat prompt lacks (a ventricular beat is "wide and
+    different from this patient's normal beats", not different from other patients').
+
+    Training windows are anchored at a class-balanced draw of beats (``balance``); the anchor
+    sits at a random position with at least ``context_beats`` beats before it and is always
+    labelled; every other beat of the window is labelled with a probability proportional to
+    ``count ** (balance - 1)`` of its class (the rarest class always), so labels keep the
+    anchors' class shares. Evaluation windows tile each record: every target beat is labelled
+    exactly once, with ``context_beats`` earlier beats before it (except at a record's start).
+
+    Args:
+        manifest (Dict): the shards' manifest (``read_manifest``).
+        records (List[str]): records to read (already split-checked).
+        max_seq_len (int): tokens per window (the model's context).
+        beat_samples (Optional[int]): samples per beat, cropped from the tokenizer's window with
+            the R peak kept at a third (None = the whole window).
+        context_beats (int): beats before the first labelled one in evaluation windows and before
+            the anchor in training windows.
+        classes (Optional[Sequence[str]]): target classes (default: every labelled class).
+        balance (Optional[float]): class-share exponent (None = every beat once, as recorded).
+        num_examples (Optional[int]): training windows per epoch (default: number of targets).
+        seed (int): seed of the draw.
+        beat_mask (Optional[Dict[str, np.ndarray]]): per record, which beats are targets.
+        evaluation (bool): tile the records instead of drawing anchors.
+
+    Raises:
+        ValueError: annotation shards, no RR bins, a window too short for its context, no targets.
+    """
+
+    def __init__(
+        self, manifest: Dict[str, Any], records: List[str], *, max_seq_len: int, beat_samples: Optional[int],
+        context_beats: int, classes: Optional[Sequence[str]], balance: Optional[float],
+        num_examples: Optional[int], seed: int, beat_mask: Optional[Dict[str, np.ndarray]] = None,
+        evaluation: bool = False,
+    ) -> None:
+        params = _samples_params(manifest)
+        self.vocab, self.params = Vocabulary(params), params
+        w = int(params.window)
+        n = w if beat_samples is None else int(beat_samples)
+        if not 16 <= n <= w:
+            raise ValueError(f"beat_samples must be 16..{w} (the shards' samples per beat), got {beat_samples}")
+        self.beat_samples = n
+        # Crop keeping the R peak at a third of the crop, as the tokenizer places it in its window.
+        self.offset = min(max(0, params.pre - n // 3), w - n)
+        self.per_beat = n + 4  # <sep> rr q*n rr_next <beat?>
+        self.k = (int(max_seq_len) - 2) // self.per_beat
+        self.context_beats = int(context_beats)
+        if self.k < self.context_beats + 1:
+            raise ValueError(
+                f"max_seq_len {max_seq_len} holds {self.k} beats of {self.per_beat} tokens; context_beats "
+                f"{context_beats} needs at least {self.context_beats + 1} (raise max_seq_len or lower beat_samples)"
+            )
+        self.beats = _BeatTables(manifest, records)
+        self.classes, class_ids = _target_classes(self.vocab, classes)
+        self.query_id = self.vocab.ids["<beat?>"]
+        self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
+        self.target = []  # per record: (n_beats,) class index into self.classes, -1 = not a target
+        for name, t in zip(self.beats.names, self.beats.tables):
+            cls = np.full(t.size, -1, np.int64)
+            for c, cid in enumerate(class_ids):
+                cls[t["label"] == cid] = c
+            if beat_mask is not None:
+                cls[~beat_mask[name]] = -1
+            self.target.append(cls)
+        counts = np.bincount(np.concatenate(self.target + [np.zeros(0, np.int64)]).clip(-1) + 1,
+                             minlength=len(self.classes) + 1)[1:]
+        if counts.sum() == 0:
+            raise ValueError(f"no beats of classes {self.classes} in records {records}")
+        self.class_counts = counts
+        rng = np.random.default_rng(seed)
+        # windows: (record, first beat, number of beats, first labelled beat, anchor beat or -1)
+        rows: List[Tuple[int, int, int, int, int]] = []
+        if evaluation:
+            for i, cls in enumerate(self.target):
+                m, s, lab = cls.size, 0, 0
+                while lab < m:
+                    kk = min(self.k, m - s)
+                    if (cls[lab : s + kk] >= 0).any():
+                        rows.append((i, s, kk, lab, -1))
+                    lab = s + kk
+                    s = max(0, lab - self.context_beats)
+        else:
+            rec = np.concatenate([np.full(c.size, i, np.int64) for i, c in enumerate(self.target)])
+            beat = np.concatenate([np.arange(c.size) for c in self.target])
+            lab = np.concatenate(self.target)
+            ok = lab >= 0
+            rec, beat, lab = rec[ok], beat[ok], lab[ok]
+            for e in balanced_indices(lab, balance=balance, num_examples=num_examples, seed=seed):
+                i, b = int(rec[e]), int(beat[e])
+                m = self.target[i].size
+                kk = min(self.k, m)
+                pos = int(rng.integers(min(self.context_beats, kk - 1), kk))  # anchor's place in the window
+                s = min(max(0, b - pos), m - kk)
+                rows.append((i, s, kk, s, b))
+            rows = [rows[j] for j in rng.permutation(len(rows))]  # anchors come sorted by class
+        if not rows:
+            raise ValueError(f"no window of records {records} holds a target beat")
+        self.windows = np.array(rows, np.int64).reshape(-1, 5)
+        # Labels of non-anchor beats kept with probability ~ count**(balance - 1), rarest class 1.
+        if balance is None or evaluation:
+            self.keep = np.ones(len(self.classes))
+        else:
+            share = np.where(counts > 0, np.maximum(counts, 1).astype(np.float64) ** (float(balance) - 1.0), 0.0)
+            self.keep = share / share.max()
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return int(self.windows.shape[0])
+
+    def window(self, k: int) -> Tuple[List[int], List[int], List[int]]:
+        """Tokens of window ``k`` (what the model reads), and its labelled beats.
+
+        Returns:
+            Tuple[List[int], List[int], List[int]]: tokens; for each labelled beat the index of
+            its ``<beat?>`` token (whose next-token prediction is the class) and its class index.
+        """
+        i, s, kk, lab, anchor = (int(x) for x in self.windows[k])
+        t, tok, n, pb = self.beats.tables[i], self.beats.tokens(i), self.beat_samples, self.per_beat
+        b = np.arange(s, s + kk)
+        ts = t["token_start"][b].astype(np.int64)  # each beat's <sep> in the shard
+        block = np.empty((kk, pb), np.int64)  # (K, beat_samples + 4)
+        block[:, 0] = tok[ts]  # <sep>
+        block[:, 1] = tok[ts + 1]  # rr(b)
+        block[:, 2 : 2 + n] = tok[ts[:, None] + 2 + self.offset + np.arange(n)]  # (K, n) cropped waveform
+        nxt = np.full(kk, self.unknown_rr, np.int64)
+        has_next = b + 1 < t.size
+        nxt[has_next] = self.vocab.rr_base + t["rr_bin"][b[has_next] + 1].astype(np.int64)
+        block[:, 2 + n] = nxt  # rr(b+1): the following interval
+        block[:, 3 + n] = self.query_id
+        tokens = [BOS_ID] + block.ravel().tolist() + [EOS_ID]
+        cls = self.target[i][b]
+        labelled = (cls >= 0) & (b >= lab)
+        if anchor >= 0:
+            u = np.random.default_rng((self.seed, k)).random(kk)
+            labelled &= (u < self.keep[cls.clip(0)]) | (b == anchor)
+        j = np.flatnonzero(labelled)
+        return tokens, (1 + j * pb + pb - 1).tolist(), cls[j].tolist()
+
+    def __getitem__(self, k: int) -> Dict[str, List[int]]:
+        tokens, query_at, cls = self.window(k)
+        labels = [IGNORE] * len(tokens)
+        for q, c in zip(query_at, cls):
+            labels[q + 1] = self.vocab.label_base + self.vocab.classes.index(self.classes[c])
         return {"tokens": tokens, "labels": labels}
 
 
@@ -360,11 +528,11 @@ def ecg_pretrain_dataset(
     return ECGTokensDataset(Path(manifest["_dir"]), max_seq_len=int(seq), stride=stride, records=chosen, expected_params=params)
 
 
-def _classification(
+def _beat_records(
     tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
-    split_file: Optional[str], context_beats: int, classes: Optional[Sequence[str]], balance: Optional[float],
-    num_examples: Optional[int], seed: int, random_test_fraction: float, evaluation: bool = False,
-) -> ECGBeatClassificationDataset:
+    split_file: Optional[str], seed: int, random_test_fraction: float, evaluation: bool,
+) -> Tuple[Dict[str, Any], List[str], Optional[Dict[str, np.ndarray]]]:
+    """(manifest, split-checked records, per-record target-beat mask of ``split: random`` or None)."""
     manifest, _ = _shards(tokenizer, shards_dir)
     chosen = resolve_records(split=split, records=records, split_file=split_file,
                              available=[r["record"] for r in manifest["records"]], evaluation=evaluation)
@@ -376,6 +544,17 @@ def _classification(
         for r in chosen:
             test = random_beat_mask(r, int(by_name[r]["n_beats"]), seed=seed, test_fraction=random_test_fraction)
             mask[r] = test if evaluation else ~test
+    return manifest, chosen, mask
+
+
+def _classification(
+    tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
+    split_file: Optional[str], context_beats: int, classes: Optional[Sequence[str]], balance: Optional[float],
+    num_examples: Optional[int], seed: int, random_test_fraction: float, evaluation: bool = False,
+) -> ECGBeatClassificationDataset:
+    manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
+                                           split_file=split_file, seed=seed,
+                                           random_test_fraction=random_test_fraction, evaluation=evaluation)
     return ECGBeatClassificationDataset(
         manifest, chosen, context_beats=context_beats, classes=classes, balance=None if evaluation else balance,
         num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask,
@@ -420,6 +599,70 @@ def ecg_beat_classification_dataset(
         tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction,
+    )
+
+
+def ecg_beat_stream_dataset(
+    tokenizer: Any,
+    *,
+    shards_dir: Optional[str] = None,
+    split: str = TRAIN,
+    records: Optional[Sequence[str]] = None,
+    split_file: Optional[str] = None,
+    max_seq_len: Optional[int] = None,
+    beat_samples: Optional[int] = 80,
+    context_beats: int = 2,
+    classes: Optional[Sequence[str]] = None,
+    balance: Optional[float] = 0.5,
+    num_examples: Optional[int] = None,
+    seed: int = 0,
+    random_test_fraction: float = 0.2,
+) -> ECGBeatStreamDataset:
+    """Beat classification over windows of consecutive beats (see :class:`ECGBeatStreamDataset`).
+
+    Args:
+        tokenizer (ECGTokenizer): its parameters must match the shards.
+        shards_dir (Optional[str]): ``samples``-scheme shards (RR bins > 0).
+        split (str): ``DS1`` (default) or ``random`` (labelled as such in every report).
+        records (Optional[Sequence[str]]): explicit training records (no DS2 record).
+        split_file (Optional[str]): split lists of another database (JSON ``{"DS1", "DS2"}``).
+        max_seq_len (Optional[int]): tokens per window (default ``tokenizer.max_seq_len``); 1024
+            tokens hold 12 beats of 80 samples.
+        beat_samples (Optional[int]): samples per beat cropped around the R peak (default 80:
+            -0.22 s .. +0.41 s at 128 Hz, P wave to T wave; None = the whole window). Fewer
+            samples = more beats of context per window and cheaper evaluation.
+        context_beats (int): beats of the patient's own signal before the first classified beat.
+        classes (Optional[Sequence[str]]): target classes (default: every labelled class).
+        balance (Optional[float]): label class shares ~ ``count ** balance`` (default 0.5).
+        num_examples (Optional[int]): windows per epoch (default: number of target beats).
+        seed (int): seed of the draw and of the random split.
+        random_test_fraction (float): share of beats held out by ``split: random``.
+
+    Returns:
+        ECGBeatStreamDataset: ``{"tokens", "labels"}`` windows (``padded_collate_sft``).
+    """
+    return _stream(tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
+                   max_seq_len=max_seq_len, beat_samples=beat_samples, context_beats=context_beats, classes=classes,
+                   balance=balance, num_examples=num_examples, seed=seed, random_test_fraction=random_test_fraction)
+
+
+def _stream(
+    tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
+    split_file: Optional[str], max_seq_len: Optional[int], beat_samples: Optional[int], context_beats: int,
+    classes: Optional[Sequence[str]], balance: Optional[float], num_examples: Optional[int], seed: int,
+    random_test_fraction: float, evaluation: bool = False,
+) -> ECGBeatStreamDataset:
+    """:func:`ecg_beat_stream_dataset`; ``evaluation`` tiles the records (what ``hlmtune eval`` reads)."""
+    seq = max_seq_len or getattr(tokenizer, "max_seq_len", None)
+    if not seq:
+        raise ValueError("ecg_beat_stream_dataset needs max_seq_len (tokens per window)")
+    manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
+                                           split_file=split_file, seed=seed,
+                                           random_test_fraction=random_test_fraction, evaluation=evaluation)
+    return ECGBeatStreamDataset(
+        manifest, chosen, max_seq_len=int(seq), beat_samples=beat_samples, context_beats=context_beats,
+        classes=classes, balance=None if evaluation else balance, num_examples=None if evaluation else num_examples,
+        seed=seed, beat_mask=mask, evaluation=evaluation,
     )
 
 

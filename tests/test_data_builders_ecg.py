@@ -110,6 +110,97 @@ def test_a_label_leak_would_be_caught(hlm, monkeypatch):
     assert any(v.label_base <= t < v.rr_base for t in ds[0]["tokens"][:-2])
 
 
+def _stream_reference(tk, shards, record, first, n_beats, beat_samples):
+    """Slow, readable window of ``n_beats`` beats from ``first``, from the shard files directly."""
+    from hlmtune.ecg_tokenizer.shards import stem
+
+    v = tk.vocab
+    tokens = np.load(Path(shards) / "records" / f"{stem(record)}.tokens.npy", mmap_mode="r")
+    table = np.load(Path(shards) / "records" / f"{stem(record)}.beats.npy")
+    window = tk.params.window
+    r_at = window // 3  # the R peak's index in the tokenizer's window
+    crop_start = min(max(0, r_at - beat_samples // 3), window - beat_samples)
+    out = [v.ids["<bos>"]]
+    for b in range(first, first + n_beats):
+        at = int(table["token_start"][b])
+        assert tokens[at] == v.ids["<sep>"]
+        out.append(v.ids["<sep>"])
+        out.append(v.rr_base + int(table["rr_bin"][b]))
+        levels = [int(tokens[at + 2 + i]) for i in range(window)]
+        out.extend(levels[crop_start : crop_start + beat_samples])
+        if b + 1 < len(table):
+            out.append(v.rr_base + int(table["rr_bin"][b + 1]))
+        else:
+            out.append(v.rr_base + tk.params.rr_bins)  # unknown RR
+        out.append(v.ids["<beat?>"])
+    out.append(v.ids["<eos>"])
+    return out
+
+
+@pytest.mark.parametrize("beat_samples", [80, 128])
+def test_stream_windows_match_reference_and_hold_no_label(hlm, beat_samples):
+    """Windows of consecutive beats: signal only; each class is the label after its beat's <beat?>."""
+    from hlmtune.data_builders import ecg_beat_stream_dataset
+
+    tk, v = hlm["tk"], hlm["tk"].vocab
+    ds = ecg_beat_stream_dataset(tk, split_file=str(hlm["split_file"]), max_seq_len=1024,
+                                 beat_samples=beat_samples, context_beats=2, num_examples=300)
+    assert ds.k == (1024 - 2) // (beat_samples + 4)
+    is_label = lambda t: v.label_base <= t < v.rr_base  # noqa: E731
+    query = v.ids["<beat?>"]
+    for k in range(len(ds)):
+        item = ds[k]
+        toks, labels = item["tokens"], item["labels"]
+        assert len(toks) == len(labels) <= 1024
+        assert not any(is_label(t) or v.rhythm_base <= t < v.task_base for t in toks)  # no class, no rhythm
+        i, first, n_beats, _, anchor = (int(x) for x in ds.windows[k])
+        record = hlm["train"][i]
+        if k < 40:
+            assert toks == _stream_reference(tk, hlm["shards"], record, first, n_beats, beat_samples)
+        table = _beats(hlm, record)
+        trained = [p for p, lab in enumerate(labels) if lab != -100]
+        assert trained, "every training window trains at least its anchor"
+        for p in trained:
+            assert toks[p - 1] == query  # the class is predicted from the <beat?> position
+            b = first + (p - 2) // (beat_samples + 4)
+            assert labels[p] - v.label_base == table["label"][b]
+        anchor_pos = 1 + (anchor - first + 1) * (beat_samples + 4)
+        assert anchor_pos in trained and anchor - first >= min(2, anchor)  # context unless at the start
+
+
+def test_stream_evaluation_labels_every_target_beat_once(hlm):
+    from hlmtune.data_builders.ecg import _stream
+
+    tk = hlm["tk"]
+    ds = _stream(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), max_seq_len=600,
+                 beat_samples=96, context_beats=3, classes=["N", "V"], balance=0.5, num_examples=50, seed=0,
+                 random_test_fraction=0.2, evaluation=True)
+    seen = {}
+    for k in range(len(ds)):
+        i, first, n_beats, lab, anchor = (int(x) for x in ds.windows[k])
+        assert anchor == -1
+        tokens, query_at, cls = ds.window(k)
+        for q, c in zip(query_at, cls):
+            b = first + (q - 1) // 100
+            assert tokens[q] == tk.vocab.ids["<beat?>"] and (i, b) not in seen
+            assert b - first >= 3 or first == 0  # context before every classified beat but a record's first
+            seen[(i, b)] = c
+    for i, record in enumerate(hlm["test"]):
+        table = _beats(hlm, record)
+        want = {b for b, lab in enumerate(table["label"]) if tk.vocab.classes[lab] in ("N", "V")}
+        assert {b for (j, b) in seen if j == i} == want
+        assert all(ds.classes[seen[(i, b)]] == tk.vocab.classes[table["label"][b]] for b in want)
+
+
+def test_stream_rejects_a_window_too_short_for_its_context(hlm):
+    from hlmtune.data_builders import ecg_beat_stream_dataset
+
+    with pytest.raises(ValueError, match="max_seq_len 200 holds 2 beats of 84 tokens"):
+        ecg_beat_stream_dataset(hlm["tk"], split_file=str(hlm["split_file"]), max_seq_len=200, context_beats=2)
+    with pytest.raises(ValueError, match="beat_samples must be 16..128"):
+        ecg_beat_stream_dataset(hlm["tk"], split_file=str(hlm["split_file"]), beat_samples=200)
+
+
 def test_pretraining_windows_are_signal_only(hlm):
     from hlmtune.data_builders import ecg_pretrain_dataset
 

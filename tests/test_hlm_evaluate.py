@@ -71,3 +71,23 @@ def test_predict_batches_and_compiled_path_agree_with_one_by_one():
     assert got == ref
     got_c, off = ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=True)
     assert got_c == ref and 0 <= off <= len(prompts)
+
+
+def test_predict_reads_every_query_position_of_a_window():
+    """Windows of several beats: one forward pass, a prediction at each query, in prompt order."""
+    import torch
+
+    from hlmtune.hlm.model import hlm_1m
+
+    torch.manual_seed(0)
+    model = hlm_1m(vocab_size=303).eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in (40, 12, 33, 25, 40)]
+    positions = [[3, 17, 39], [11], [0, 5, 6, 32], [], [39]]
+    choices = [4, 5, 6, 7]
+    with torch.inference_mode():
+        ref = [int(model(torch.tensor([p]))[0, q, choices].argmax()) for p, qs in zip(prompts, positions) for q in qs]
+    got, off = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions)
+    assert got == ref and len(got) == 9 and 0 <= off <= 9
+    got_c, _ = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions, compile=True)
+    assert got_c == ref

@@ -145,8 +145,12 @@ def load_model(cfg: Any, weights: Path, *, quantizer_cfg: Any = None, quantized_
 
 
 def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, batch_size: int, desc: str,
-            compile: bool = False) -> Tuple[List[int], int]:
-    """Greedy next token of every prompt among ``choices``, batched.
+            compile: bool = False, positions: Optional[List[List[int]]] = None) -> Tuple[List[int], int]:
+    """Greedy next token among ``choices`` at the query positions of every prompt, batched.
+
+    By default the query is a prompt's last token; ``positions`` gives, per prompt, every
+    position whose next-token prediction is a query (windows of consecutive beats classify
+    several beats in one forward pass).
 
     Prompts are right-padded (a causal model's earlier positions do not see the padding) and
     grouped by length so that padding is rare. With ``compile`` the model runs through
@@ -156,34 +160,42 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     compile of about a minute).
 
     Returns:
-        Tuple[List[int], int]: index into ``choices`` per prompt, and how many prompts' unconstrained
-        argmax was not one of ``choices``.
+        Tuple[List[int], int]: index into ``choices`` per query (prompt order, then position
+        order), and how many queries' unconstrained argmax was not one of ``choices``.
     """
     import torch
     from tqdm import tqdm
 
+    if positions is None:
+        positions = [[len(p) - 1] for p in prompts]
+    first = [0]
+    for q in positions:
+        first.append(first[-1] + len(q))  # prompt i's queries are out[first[i] : first[i + 1]]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out = [0] * len(prompts)
+    out = [0] * first[-1]
     off_vocab = 0
     choice_t = torch.tensor(list(choices))
     fixed_width = max((len(p) for p in prompts), default=1)
     run = torch.compile(model, dynamic=False) if compile else model
-    with torch.inference_mode(), tqdm(total=len(prompts), desc=desc, unit="beat", file=sys.stderr, dynamic_ncols=True) as bar:
+    with torch.inference_mode(), tqdm(total=first[-1], desc=desc, unit="beat", file=sys.stderr, dynamic_ncols=True) as bar:
         for b in range(0, len(order), batch_size):
             idx = order[b : b + batch_size]
-            lens = torch.tensor([len(prompts[i]) for i in idx])
-            rows, width = (batch_size, fixed_width) if compile else (len(idx), int(lens.max()))
-            x = torch.zeros(rows, width, dtype=torch.long)  # pad id 0; extra rows are ignored
+            width = fixed_width if compile else max(len(prompts[i]) for i in idx)
+            x = torch.zeros(batch_size if compile else len(idx), width, dtype=torch.long)  # pad 0; extra rows ignored
             for r, i in enumerate(idx):
                 x[r, : len(prompts[i])] = torch.tensor(prompts[i])
-            logits = run(x)[: len(idx)]  # (B, T, V)
-            last = logits[torch.arange(len(idx)), lens - 1]  # (B, V): the next-token distribution
+            logits = run(x)  # (B, T, V)
+            rows = torch.tensor([r for r, i in enumerate(idx) for _ in positions[i]], dtype=torch.long)
+            cols = torch.tensor([q for i in idx for q in positions[i]], dtype=torch.long)
+            last = logits[rows, cols]  # (Q, V): the next-token distribution at each query
             free = last.argmax(-1)
             off_vocab += int((~torch.isin(free, choice_t)).sum())
-            pick = last[:, choice_t].argmax(-1)  # (B,)
-            for r, i in enumerate(idx):
-                out[i] = int(pick[r])
-            bar.update(len(idx))
+            pick = last[:, choice_t].argmax(-1).tolist()  # (Q,)
+            k = 0
+            for i in idx:
+                out[first[i] : first[i + 1]] = pick[k : k + len(positions[i])]
+                k += len(positions[i])
+            bar.update(k)
     return out, off_vocab
 
 
@@ -219,6 +231,15 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
             random_test_fraction=ds.get("random_test_fraction", 0.2), evaluation=True,
         )
         return "beat", d, train_records
+    if comp == "ecg_beat_stream_dataset":
+        d = builders._stream(
+            tokenizer, shards_dir=ds.get("shards_dir"), split=test_split, records=None,
+            split_file=ds.get("split_file"), max_seq_len=ds.get("max_seq_len"),
+            beat_samples=ds.get("beat_samples", 80), context_beats=ds.get("context_beats", 2),
+            classes=ds.get("classes"), balance=None, num_examples=None, seed=ds.get("seed", 0),
+            random_test_fraction=ds.get("random_test_fraction", 0.2), evaluation=True,
+        )
+        return "stream", d, train_records
     if comp == "ecg_af_dataset":
         recs = test if train_split != sp.RANDOM else train_records
         d = builders.ECGAFDataset(manifest, recs, segment_beats=ds.get("segment_beats", 41),
@@ -327,13 +348,29 @@ def evaluate(
     tokenizer = config.instantiate(cfg.tokenizer)
     kind, ds, train_records = _test_dataset(cfg, tokenizer, split)
     random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
-    n = len(ds) if max_examples is None else min(len(ds), int(max_examples))
-    prompts = [ds.prompt(k) for k in range(n)]
+    positions: Optional[List[List[int]]] = None
+    if kind == "stream":  # windows of consecutive beats, several classified beats each
+        prompts, positions, truth = [], [], []
+        n_total = int(sum(int((t >= 0).sum()) for t in ds.target))
+        for k in range(len(ds)):
+            if max_examples is not None and len(truth) >= int(max_examples):
+                break
+            tokens, query_at, cls = ds.window(k)
+            prompts.append(tokens)
+            positions.append(query_at)
+            truth.extend(cls)
+        n = len(truth)
+        kind = "beat"
+    else:
+        n_total = len(ds)
+        n = n_total if max_examples is None else min(n_total, int(max_examples))
+        prompts = [ds.prompt(k) for k in range(n)]
     if kind == "beat":
         classes = list(ds.classes)
         v = ds.vocab
         choices = [v.label_base + v.classes.index(c) for c in classes]
-        truth = [classes.index(ds.label_of(k)) for k in range(n)]
+        if positions is None:
+            truth = [classes.index(ds.label_of(k)) for k in range(n)]
     else:
         classes = ["AF", "not AF"]
         choices = [ds.yes_id, ds.no_id]
@@ -350,17 +387,20 @@ def evaluate(
         if ptq_run is not None:
             models.append(("int4 weights, post-training (no QAT)", _last_export(Path(ptq_run)), qcfg, False))
     results: Dict[str, Dict[str, Any]] = {}
+    if positions is not None:  # --batch-size counts classified beats: windows of ~(K - context) each
+        batch_size = max(1, batch_size // max(1, ds.k - ds.context_beats))
     for name, weights, qcfg, is_q in models:
         model = load_model(cfg, weights, quantizer_cfg=qcfg, quantized_weights=is_q)
         try:
             pred, off = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
-                                compile=compile and qcfg is None)
+                                compile=compile and qcfg is None, positions=positions)
         except Exception as e:  # inductor needs a C++ compiler; without one, eager gives the same answers
             if not (compile and qcfg is None):
                 raise
             print(f"hlmtune eval: torch.compile failed ({type(e).__name__}: {str(e)[:120]}); evaluating eagerly",
                   file=sys.stderr)
-            pred, off = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}")
+            pred, off = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
+                                positions=positions)
         m = confusion_matrix(truth, pred, len(classes))
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off})
@@ -371,7 +411,7 @@ def evaluate(
         f"Inter-patient evaluation: trained on {len(train_records)} records "
         f"({'DS1' if cfg.dataset.get('split_file') is None else 'split file DS1'}), tested on {split} (unseen patients)"
     )
-    subset = f"; first {n} of {len(ds)} test examples only (smoke run)" if n < len(ds) else ""
+    subset = f"; first {n} of {n_total} test examples only (smoke run)" if n < n_total else ""
     metrics = {
         "split_kind": "random_beats" if random_split else "inter_patient",
         "notice": notice + subset,
@@ -379,7 +419,7 @@ def evaluate(
         "test_split": sp.RANDOM if random_split else split,
         "train_records": list(train_records),
         "n_examples": n,
-        "n_test_examples": len(ds),
+        "n_test_examples": n_total,
         "classes": classes,
         "results": results,
         "baselines": BASELINES if kind == "beat" else [],

@@ -303,8 +303,9 @@ def run_pipeline(
         "",
         baseline_table(metrics["results"]),
         "",
-        "Baselines as the papers state them." + ("" if split_file is None else
-                                                 " Ours here are on SYNTHETIC records: not comparable."),
+        "Baselines as the papers state them." + (
+            " Ours here are on SYNTHETIC records: not comparable." if described.startswith("SYNTHETIC")
+            else "" if split_file is None else f" Ours here are on {described}, not MIT-BIH DS2: not comparable."),
         "",
         "![confusion matrix](confusion.png)",
         "",
