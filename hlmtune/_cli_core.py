@@ -333,7 +333,7 @@ def run_command(argv: List[str], debug: bool = False) -> int:
 # ---------------------------------------------------------------------------- validate
 def validate_cli(argv: List[str]) -> int:
     """``hlmtune validate`` with its raw arguments (recipe, --config and overrides in any order)."""
-    parser = argparse.ArgumentParser(prog="hlmtune validate")
+    parser = argparse.ArgumentParser(prog="hlmtune")  # the subcommand adds " validate" to its usage line
     sub = parser.add_subparsers()
     register(sub)
     p = sub.choices["validate"]
