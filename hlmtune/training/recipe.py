@@ -42,6 +42,7 @@ from hlmtune.training.dist import (
     teardown_distributed,
 )
 from hlmtune.training.options import PackOptions
+from hlmtune.training.fastpath import gqa_pays, use_gqa_attention
 from hlmtune.training.errors import install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
 from hlmtune.profiling.memory import PeakMemory
@@ -315,6 +316,8 @@ class RecipeBase:
             with training.set_default_dtype(self._dtype), init_device:
                 model = config.instantiate(cfg.model)
         model = self.prepare_model(model, cfg)
+        if gqa_pays(self._device, self._dtype):
+            use_gqa_attention(model)  # same math as torchtune's attention, no K/V head copies
         if frozen:
             model.requires_grad_(False)
         else:
