@@ -1,0 +1,52 @@
+"""Smoke run of benchmarks/peer_throughput.py at a toy size: every framework trains the same
+model on the same rows (identical first-step loss), and the summary and ratios are printed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "peer_throughput.py"
+TOY = ["--layers", "1", "--dim", "128", "--seq-len", "32", "--batch-size", "2", "--steps", "3", "--warmup", "1",
+       "--repeats", "1", "--synthetic"]
+
+
+def _trl_installed() -> bool:
+    return importlib.util.find_spec("trl") is not None and importlib.util.find_spec("peft") is not None
+
+
+def _run(args, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_peer_benchmark_smoke(tmp_path):
+    frameworks = "pack,torchtune,trl" if _trl_installed() else "pack,torchtune"
+    proc = _run([*TOY, "--frameworks", frameworks], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    names = frameworks.split(",")
+    for name in names:  # one summary row each: tok/s, median s/step, RSS, first-step loss
+        assert re.search(rf"^{name}\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M), out
+    for name in names[1:]:
+        assert re.search(rf"first-step loss {name} vs pack: .* identical within rtol", out), out
+        assert re.search(rf"pack / {name}: speed [\d.]+x, peak RSS [\d.]+x", out), out
+    assert "pack vs faster peer" in out
+    # The shared rows and the one config both frameworks ran.
+    assert (tmp_path / "work" / "rows.npz").is_file() and (tmp_path / "work" / "config.yaml").is_file()
+
+
+def test_peer_benchmark_rejects_bad_flags(tmp_path):
+    proc = _run(["--frameworks", "pack,tt"], tmp_path)
+    assert proc.returncode == 2 and "unknown ['tt']" in proc.stderr
+    proc = _run(["--steps", "2", "--warmup", "2"], tmp_path)
+    assert proc.returncode == 2 and "--warmup 2 must be < --steps 2" in proc.stderr
