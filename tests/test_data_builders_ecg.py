@@ -94,6 +94,75 @@ def test_classification_prompts_hold_no_label_and_answer_last(hlm):
     assert checked > 100
 
 
+def test_normalized_rr_tokens_match_a_slow_reference(hlm):
+    """rrn(i) = RR token of 0.8 s * rr(i) / median of the last N RRs (this one included), by hand."""
+    import statistics
+
+    from hlmtune.data_builders.ecg import normalized_rr_tokens
+
+    v = hlm["tk"].vocab
+    p = hlm["tk"].params
+    width = (p.rr_max_s - p.rr_min_s) / p.rr_bins
+    for record in hlm["train"][:3]:
+        table = _beats(hlm, record)
+        got = normalized_rr_tokens(table, v, 16)
+        for i in range(len(table)):
+            known = [int(x) for x in table["rr"][max(0, i - 15) : i + 1] if x > 0]
+            if table["rr"][i] <= 0 or not known:
+                assert got[i] == v.rr_base + p.rr_bins  # unknown
+                continue
+            seconds = 0.8 * int(table["rr"][i]) / statistics.median(known)
+            want = min(p.rr_bins - 1, max(0, int((seconds - p.rr_min_s) // width)))
+            assert got[i] - v.rr_base == want, (record, i)
+
+
+def test_normalized_rr_prompt_replaces_every_interval_and_keeps_the_waveform(hlm):
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import normalized_rr_tokens
+
+    tk, v = hlm["tk"], hlm["tk"].vocab
+    plain = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=4)
+    norm = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=4,
+                                           normalized_rr=64)
+    unknown = v.rr_base + tk.params.rr_bins
+    changed = 0
+    for k in range(0, len(plain), max(1, len(plain) // 50)):
+        a, b = plain.prompt(k), norm.prompt(k)
+        i, j = int(norm.rec[norm.index[k]]), int(norm.beat[norm.index[k]])
+        rn = normalized_rr_tokens(_beats(hlm, hlm["train"][i]), v, 64).tolist()
+        c = len(a) - 1 - (2 + 128 + 2)  # context beats before <sep>
+        want = ([a[0]] + rn[j - c : j] + [a[1 + c], rn[j]] + a[3 + c : 3 + c + 128]
+                + [rn[j + 1] if j + 1 < len(rn) else unknown, a[-1]])
+        assert b == want
+        changed += a != b
+    assert changed > 10
+
+
+def test_normalized_amplitude_puts_each_records_median_r_peak_at_1_mv(hlm):
+    """After the map, the median |R| of every record is 1 mV within the quantizer's step there."""
+    from hlmtune.data_builders.ecg import amplitude_lut
+    from hlmtune.ecg_tokenizer.shards import stem
+    from hlmtune.ecg_tokenizer.vocab import quantizer_edges
+
+    tk, v = hlm["tk"], hlm["tk"].vocab
+    p = tk.params
+    edges = quantizer_edges(p)
+    mid = lambda level: (edges[level] + edges[level + 1]) / 2  # noqa: E731  bin midpoint (mV)
+    for record in hlm["train"][:3]:
+        table = _beats(hlm, record)
+        tokens = np.load(Path(hlm["shards"]) / "records" / f"{stem(record)}.tokens.npy")
+        lut = amplitude_lut(table, tokens, v)
+        assert all(lut[t] == t for t in range(v.sample_base))  # specials, labels, RR untouched
+        r_levels = [int(tokens[int(s) + 2 + p.window // 3]) for s in table["token_start"]]
+        before = float(np.median([abs(mid(t - v.sample_base)) for t in r_levels]))
+        after = float(np.median([abs(mid(int(lut[t]) - v.sample_base)) for t in r_levels]))
+        step = edges[np.searchsorted(edges, 1.0)] - edges[np.searchsorted(edges, 1.0) - 1]
+        if 0.25 <= 1.0 / before <= 4.0:
+            assert abs(after - 1.0) <= step, (record, before, after)
+        levels = [int(lut[v.sample_base + q]) - v.sample_base for q in range(p.levels)]
+        assert levels == sorted(levels)  # monotone: the waveform's shape is kept
+
+
 def test_a_label_leak_would_be_caught(hlm, monkeypatch):
     """Guard of the guard: a builder that put the label into the prompt fails the check above."""
     from hlmtune.data_builders import ecg as builders
