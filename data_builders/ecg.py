@@ -193,6 +193,19 @@ def amplitude_lut(table: np.ndarray, tokens: np.ndarray, vocab: Vocabulary, targ
     return lut
 
 
+def _crop(params: TokenizerParams, beat_samples: Optional[int]) -> Tuple[int, int]:
+    """(samples kept per beat, offset of the first in the tokenizer's window).
+
+    The crop keeps the R peak at a third of the kept samples, where the tokenizer puts it in
+    its window (P wave before, T wave after).
+    """
+    w = int(params.window)
+    n = w if beat_samples is None else int(beat_samples)
+    if not 16 <= n <= w:
+        raise ValueError(f"beat_samples must be 16..{w} (the shards' samples per beat), got {beat_samples}")
+    return n, min(max(0, params.pre - n // 3), w - n)
+
+
 class _BeatTables:
     """Beat tables of the chosen records, concatenated, and lazily opened token maps."""
 
@@ -233,6 +246,8 @@ class ECGBeatClassificationDataset(Dataset):
             to the running median RR of this many beats (:func:`normalized_rr_tokens`).
         normalize_amplitude (bool): rescale each record to a median R amplitude of 1 mV
             (:func:`amplitude_lut`).
+        beat_samples (Optional[int]): samples of the target beat kept around its R peak (None =
+            the shards' whole window).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -251,6 +266,7 @@ class ECGBeatClassificationDataset(Dataset):
         beat_mask: Optional[Dict[str, np.ndarray]] = None,
         normalized_rr: int = 0,
         normalize_amplitude: bool = False,
+        beat_samples: Optional[int] = None,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -266,7 +282,8 @@ class ECGBeatClassificationDataset(Dataset):
                         if normalized_rr else None)
         self.amp = ([amplitude_lut(t, self.beats.tokens(i), self.vocab) for i, t in enumerate(self.beats.tables)]
                     if normalize_amplitude else None)
-        self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W
+        self.beat_samples, self.offset = _crop(params, beat_samples)
+        self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
         rec_idx, beat_idx, labels = [], [], []
@@ -300,6 +317,8 @@ class ECGBeatClassificationDataset(Dataset):
         c0 = max(0, j - self.context_beats)
         s = int(t["token_start"][j])
         beat = self.beats.tokens(i)[s : s + self.per_beat].astype(np.int64)  # <sep> rr(i) q*W
+        if self.beat_samples < self.per_beat - 2:  # <sep> rr(i) and the kept samples
+            beat = np.concatenate([beat[:2], beat[2 + self.offset : 2 + self.offset + self.beat_samples]])
         if self.amp is not None:
             beat = self.amp[i][beat]  # the record's waveform at a common R amplitude
         beat = beat.tolist()
@@ -368,13 +387,8 @@ class ECGBeatStreamDataset(Dataset):
     ) -> None:
         params = _samples_params(manifest)
         self.vocab, self.params = Vocabulary(params), params
-        w = int(params.window)
-        n = w if beat_samples is None else int(beat_samples)
-        if not 16 <= n <= w:
-            raise ValueError(f"beat_samples must be 16..{w} (the shards' samples per beat), got {beat_samples}")
+        n, self.offset = _crop(params, beat_samples)
         self.beat_samples = n
-        # Crop keeping the R peak at a third of the crop, as the tokenizer places it in its window.
-        self.offset = min(max(0, params.pre - n // 3), w - n)
         self.per_beat = n + 4  # <sep> rr q*n rr_next <beat?>
         self.k = (int(max_seq_len) - 2) // self.per_beat
         self.context_beats = int(context_beats)
@@ -638,6 +652,7 @@ def _classification(
     num_examples: Optional[int], seed: int, random_test_fraction: float, evaluation: bool = False,
     normalized_rr: int = 0,
     normalize_amplitude: bool = False,
+    beat_samples: Optional[int] = None,
 ) -> ECGBeatClassificationDataset:
     manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
                                            split_file=split_file, seed=seed,
@@ -645,7 +660,7 @@ def _classification(
     return ECGBeatClassificationDataset(
         manifest, chosen, context_beats=context_beats, classes=classes, balance=None if evaluation else balance,
         num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude,
+        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples,
     )
 
 
@@ -664,6 +679,7 @@ def ecg_beat_classification_dataset(
     random_test_fraction: float = 0.2,
     normalized_rr: int = 0,
     normalize_amplitude: bool = False,
+    beat_samples: Optional[int] = None,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -686,6 +702,8 @@ def ecg_beat_classification_dataset(
             beats (:func:`normalized_rr_tokens`): prematurity without the patient's heart rate.
         normalize_amplitude (bool): rescale each record's waveform levels to a median R amplitude
             of 1 mV (:func:`amplitude_lut`): morphology without the patient's lead gain.
+        beat_samples (Optional[int]): samples of the target beat kept around its R peak (None =
+            the shards' whole window; 80 = -0.22 s .. +0.41 s at 128 Hz, a third fewer tokens).
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -694,7 +712,7 @@ def ecg_beat_classification_dataset(
         tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude,
+        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples,
     )
 
 
@@ -777,6 +795,7 @@ def ecg_beat_dpo_dataset(
     random_test_fraction: float = 0.2,
     normalized_rr: int = 0,
     normalize_amplitude: bool = False,
+    beat_samples: Optional[int] = None,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -791,7 +810,7 @@ def ecg_beat_dpo_dataset(
         tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude,
+        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples,
     ))
 
 

@@ -163,6 +163,21 @@ def test_normalized_amplitude_puts_each_records_median_r_peak_at_1_mv(hlm):
         assert levels == sorted(levels)  # monotone: the waveform's shape is kept
 
 
+def test_cropped_beat_keeps_the_samples_around_the_r_peak(hlm):
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+
+    tk = hlm["tk"]
+    full = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=3)
+    crop = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=3,
+                                           beat_samples=80)
+    r_at = tk.params.window // 3  # 42: the R peak in the tokenizer's window; kept at 80 // 3 = 26
+    for k in range(0, len(full), max(1, len(full) // 30)):
+        a, b = full.prompt(k), crop.prompt(k)
+        c = len(a) - 1 - (2 + 128 + 2)
+        wave = a[3 + c : 3 + c + 128]
+        assert b == a[: 3 + c] + wave[r_at - 26 : r_at - 26 + 80] + a[-2:]
+
+
 def test_a_label_leak_would_be_caught(hlm, monkeypatch):
     """Guard of the guard: a builder that put the label into the prompt fails the check above."""
     from hlmtune.data_builders import ecg as builders

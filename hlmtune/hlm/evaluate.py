@@ -230,6 +230,7 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
             balance=None, num_examples=None, seed=ds.get("seed", 0),
             random_test_fraction=ds.get("random_test_fraction", 0.2), evaluation=True,
             normalized_rr=ds.get("normalized_rr", 0), normalize_amplitude=ds.get("normalize_amplitude", False),
+            beat_samples=ds.get("beat_samples"),
         )
         return "beat", d, train_records
     if comp == "ecg_beat_stream_dataset":
