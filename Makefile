@@ -35,6 +35,9 @@ scaling-demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/recipe_throughput.py
+	# TRL + PEFT, the peer framework of peer_throughput.py: an optional extra, never a runtime dependency
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(PY) benchmarks/peer_throughput.py
 	$(PY) benchmarks/tokenize_throughput.py
 	$(PY) benchmarks/collector_overhead.py
 	$(PY) benchmarks/ecg_quality.py

@@ -13,7 +13,9 @@ synthetic records without $HLM_DATA).
 
 Checks the first-step loss is identical across frameworks (relative tolerance --loss-rtol),
 then prints per framework: tokens/s (target tokens of the timed steps / their wall time),
-median step time (wall time between consecutive step ends, steps after --warmup), peak RSS
+median step time (wall time between consecutive step ends, steps after --warmup), the same
+two over the process's CPU time (collector's process_cpu_s: with one thread per run this is
+the work done, much steadier than wall time while other jobs load the host), peak RSS
 (the larger of os.wait4's and the collector's since-start peak), and pack / peer ratios. Repeats are interleaved (rotating
 order), so a shared host's load drifts hit every framework alike; the median repeat counts.
 
@@ -77,15 +79,18 @@ def read_steps(path: Path) -> List[Dict[str, float]]:
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     rows = [r for r in rows if r.get("steps_elapsed", 1)]
     out = []
-    prev = None
+    prev = prev_cpu = None
     for r in rows:
         if "elapsed_s" in r:  # collector: wall clock since start at each log_dict
             wall = None if prev is None else r["elapsed_s"] - prev
             prev = r["elapsed_s"]
         else:  # TRL runner: already the time between step ends (first: from first step start)
             wall = r["iteration_time_s"] if out else None
+        cpu = r.get("process_cpu_s")
         out.append({"step": r["step"], "loss": r.get("loss"), "wall_s": wall,
+                    "cpu_s": None if cpu is None or prev_cpu is None else cpu - prev_cpu,
                     "first_s": r.get("iteration_time_s") if not out else None})
+        prev_cpu = cpu
     return out
 
 
@@ -94,7 +99,10 @@ def summarize(steps: List[Dict[str, float]], warmup: int, tokens_per_step: float
     timed = [s["wall_s"] for s in steps if s["step"] > warmup and s["wall_s"] is not None]
     if not timed:
         raise RuntimeError(f"no timed steps after warmup {warmup} (steps: {len(steps)})")
+    cpu = [s["cpu_s"] for s in steps if s["step"] > warmup and s["cpu_s"] is not None]
     return {"median_s": statistics.median(timed), "tok_s": tokens_per_step * len(timed) / sum(timed),
+            "cpu_median_s": statistics.median(cpu) if cpu else float("nan"),
+            "tok_cpu_s": tokens_per_step * len(cpu) / sum(cpu) if cpu else float("nan"),
             "rss": rss, "loss1": steps[0]["loss"], "first_s": steps[0]["first_s"], "n": len(timed)}
 
 
@@ -220,6 +228,9 @@ def main() -> None:
     ap.add_argument("--loss-rtol", type=float, default=1e-4, help="first-step loss tolerance, relative (default 1e-4)")
     ap.add_argument("--pack-set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for the pack only (repeatable), e.g. compile=True")
+    ap.add_argument("--peer-defaults", action="store_true",
+                    help="peers at their own defaults where those differ from the settings above (TRL: activation "
+                         "checkpointing on); precision stays fp32. torchtune's recipes default to what the config says")
     ap.add_argument("--batch-size-ecg", type=int, default=32, help="--ecg: batch size (default 32, as configs/ecg_lora.yaml)")
     ap.add_argument("--ecg-records", type=int, default=4, help="--ecg: records to tokenize, the last one held out as DS2 (default 4)")
     ap.add_argument("--ecg-seconds", type=int, default=120, help="--ecg: seconds per record (default 120)")
@@ -276,6 +287,8 @@ def main() -> None:
                            "--rows", str(rows), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                            "--lr", str(args.lr), "--lora-rank", str(args.lora_rank),
                            "--lora-alpha", str(2 * args.lora_rank), "--targets", "q_proj,v_proj"]
+                if args.peer_defaults:
+                    trl_cmd.append("--activation-checkpointing")
     if "pack" in wanted:
         runs["pack"] = [HLMTUNE, "run", "--nproc_per_node", "1", pack_recipe, "--config", cfg_path, *overrides, *args.pack_set]
     if "torchtune" in wanted:
@@ -283,7 +296,8 @@ def main() -> None:
     if trl_cmd is not None:
         runs["trl"] = trl_cmd
     print(f"setup: {what}; {args.steps} steps, first {args.warmup} untimed, {args.repeats} interleaved repeats"
-          + (f"; pack overrides: {' '.join(args.pack_set)}" if args.pack_set else ""), flush=True)
+          + (f"; pack overrides: {' '.join(args.pack_set)}" if args.pack_set else "")
+          + ("; peers at their defaults (TRL: activation checkpointing)" if args.peer_defaults else ""), flush=True)
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at start; work dir {work}", flush=True)
 
     from hlmtune.peers import peak_rss_gib_of
@@ -308,19 +322,23 @@ def main() -> None:
                 tps = _collector_tokens(steps_file, args.warmup)
             s = summarize(steps, args.warmup, tps, max(res["peak_rss_gib"], _collector_peak_rss(steps_file)))
             results[name].append(s)
-            print(f"  repeat {rep + 1}/{args.repeats} {name:<10} median {s['median_s']:.3f} s/step  "
+            print(f"  repeat {rep + 1}/{args.repeats} {name:<10} median {s['median_s']:.3f} s/step "
+                  f"({s['cpu_median_s']:.3f} CPU s)  "
                   f"{s['tok_s']:8.1f} tok/s  RSS {s['rss']:.2f} GiB  first-step loss {s['loss1']:.6f}", flush=True)
 
     print(f"\nload: {os.getloadavg()[0]:.2f} (1-min average) at end")
-    med = {n: {k: statistics.median(r[k] for r in rs) for k in ("median_s", "tok_s", "rss")} for n, rs in results.items()}
+    keys = ("median_s", "tok_s", "cpu_median_s", "tok_cpu_s", "rss")
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in results.items()}
     print(f"\n{what}")
-    print(f"{'framework':<11} {'tok/s':>9} {'median s/step':>14} {'peak RSS GiB':>13} {'first-step loss':>16}")
+    print(f"{'framework':<11} {'tok/s':>9} {'median s/step':>14} {'tok/CPU-s':>10} {'CPU s/step':>11} "
+          f"{'peak RSS GiB':>13} {'first-step loss':>16}")
     for n in names:
         first = results[n][0]
         extra = ""
         if any(s.startswith("compile") for s in args.pack_set) and n == "pack" and first["first_s"]:
             extra = f"   (first step incl. compile: {statistics.median(r['first_s'] for r in results[n]):.1f} s)"
-        print(f"{n:<11} {med[n]['tok_s']:>9.1f} {med[n]['median_s']:>14.3f} {med[n]['rss']:>13.2f} {first['loss1']:>16.6f}{extra}")
+        print(f"{n:<11} {med[n]['tok_s']:>9.1f} {med[n]['median_s']:>14.3f} {med[n]['tok_cpu_s']:>10.1f} "
+              f"{med[n]['cpu_median_s']:>11.3f} {med[n]['rss']:>13.2f} {first['loss1']:>16.6f}{extra}")
     ok = True
     ref = results[names[0]][0]["loss1"]
     for n in names[1:]:
@@ -329,15 +347,21 @@ def main() -> None:
         ok &= same
         print(f"first-step loss {n} vs {names[0]}: {l1:.6f} vs {ref:.6f}: {'identical within' if same else 'DIFFERS beyond'} "
               f"rtol {args.loss_rtol}")
+    if args.recipe == "dpo" and not args.ecg:
+        print("note: DPO's first-step loss is ln 2 in every framework (LoRA B = 0: policy = reference); "
+              "it checks the DPO loss and the reference path, the SFT runs check the model and the tokens")
     if "pack" in med:
         peers = [n for n in names if n != "pack"]
         for n in peers:
-            print(f"pack / {n}: speed {med['pack']['tok_s'] / med[n]['tok_s']:.3f}x, "
+            print(f"pack / {n}: speed {med['pack']['tok_s'] / med[n]['tok_s']:.3f}x (wall), "
+                  f"{med['pack']['tok_cpu_s'] / med[n]['tok_cpu_s']:.3f}x (CPU time), "
                   f"peak RSS {med['pack']['rss'] / med[n]['rss']:.3f}x")
         if peers:
             fastest = max(peers, key=lambda n: med[n]["tok_s"])
+            fastest_cpu = max(peers, key=lambda n: med[n]["tok_cpu_s"])
             smallest = min(peers, key=lambda n: med[n]["rss"])
-            print(f"pack vs faster peer ({fastest}): {med['pack']['tok_s'] / med[fastest]['tok_s']:.3f}x   "
+            print(f"pack vs faster peer: {med['pack']['tok_s'] / med[fastest]['tok_s']:.3f}x wall ({fastest}), "
+                  f"{med['pack']['tok_cpu_s'] / med[fastest_cpu]['tok_cpu_s']:.3f}x CPU time ({fastest_cpu})   "
                   f"pack RSS vs smaller peer ({smallest}): {med['pack']['rss'] / med[smallest]['rss']:.3f}x")
     if not ok:
         sys.exit("first-step losses differ: the frameworks did not train the same model on the same tokens")

@@ -278,12 +278,14 @@ def _peft_without_torchao() -> None:
 
 def run_trl(*, kind: str, model_dir: str, rows: str, out: str, batch_size: int, steps: int, lr: float,
             lora_rank: int, lora_alpha: float, target_modules: Sequence[str], beta: float = 0.1,
-            warmup_steps: int = 2, weight_decay: float = 0.01, seed: int = 0) -> None:
+            warmup_steps: int = 2, weight_decay: float = 0.01, seed: int = 0,
+            activation_checkpointing: bool = False) -> None:
     """Train with TRL (``SFTTrainer`` or ``DPOTrainer``) + PEFT LoRA on a row file.
 
     Writes one JSON line per optimizer step to ``out``: ``step``, ``loss`` (exact, from the
     trainer's ``compute_loss``), ``iteration_time_s`` (wall time between step ends, so data
-    loading counts as in the pack's ``iteration_time_s``) and ``tokens`` (target tokens for
+    loading counts as in the pack's ``iteration_time_s``), ``process_cpu_s`` (the process's
+    CPU time at the step end, as the collector records it) and ``tokens`` (target tokens for
     SFT, all tokens for DPO, as the recipes count them).
 
     Args:
@@ -302,6 +304,8 @@ def run_trl(*, kind: str, model_dir: str, rows: str, out: str, batch_size: int, 
         warmup_steps (int): warmup steps.
         weight_decay (float): AdamW weight decay.
         seed (int): seed.
+        activation_checkpointing (bool): TRL's own default (True) instead of the pack's and
+            torchtune's (False); precision stays fp32 either way.
     """
     import torch
     from datasets import Dataset
@@ -323,7 +327,7 @@ def run_trl(*, kind: str, model_dir: str, rows: str, out: str, batch_size: int, 
         train_sampling_strategy="sequential", dataloader_num_workers=0, disable_tqdm=True,
         # TRL's configs default to bf16 autocast and activation checkpointing; the pack and
         # torchtune configs compared here run fp32 without checkpointing (same settings).
-        bf16=False, fp16=False, gradient_checkpointing=False,
+        bf16=False, fp16=False, gradient_checkpointing=activation_checkpointing,
     )
     records: List[Dict[str, float]] = []
     losses: List[float] = []
@@ -336,7 +340,8 @@ def run_trl(*, kind: str, model_dir: str, rows: str, out: str, batch_size: int, 
 
         def on_step_end(self, args, state, control, **kw):  # noqa: D102
             now = time.perf_counter()
-            records.append({"step": state.global_step, "iteration_time_s": now - marks["t"]})
+            records.append({"step": state.global_step, "iteration_time_s": now - marks["t"],
+                            "process_cpu_s": time.process_time()})
             marks["t"] = now
 
     if kind == "sft":
@@ -402,6 +407,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--lora-alpha", type=float, required=True, help="LoRA alpha")
     ap.add_argument("--targets", required=True, help="comma-separated HF module names, e.g. q_proj,v_proj")
     ap.add_argument("--beta", type=float, default=0.1, help="DPO beta (default 0.1)")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="keep TRL's default activation checkpointing (default: off, as the pack's configs)")
     a = ap.parse_args(argv)
     try:
         import peft  # noqa: F401
@@ -410,7 +417,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"TRL/PEFT not installed ({e}); pip install 'hlmtune[bench]'", file=sys.stderr)
         return 2
     run_trl(kind=a.kind, model_dir=a.model_dir, rows=a.rows, out=a.out, batch_size=a.batch_size, steps=a.steps,
-            lr=a.lr, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, target_modules=a.targets.split(","), beta=a.beta)
+            lr=a.lr, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, target_modules=a.targets.split(","), beta=a.beta,
+            activation_checkpointing=a.activation_checkpointing)
     return 0
 
 

@@ -496,6 +496,9 @@ class CollectorLogger:
         if not repeat:
             self._measure_memory(rec)
         rec["elapsed_s"] = now - self._t_start
+        # CPU seconds of this process (all its threads): per-step differences are the work
+        # done, much less sensitive than wall time to other jobs on a shared host.
+        rec["process_cpu_s"] = time.process_time()
         if not repeat:
             self._prev_t = now
             self._prev_step = step

@@ -434,3 +434,23 @@ def test_scalar_log_repeat_step_and_resumed_run(tmp_path: Path, monkeypatch: pyt
     s = json.loads((tmp_path / "m" / "summary.json").read_text())
     assert s["steps"] == 3 and s["timed_records"] == 2  # warmup = step 101, the run's first
     assert s["total_time_s"] == pytest.approx(2.5 * 3) and s["peak_rss_gib"] == 9.0
+
+
+def test_process_cpu_time_counts_work_not_waiting(tmp_path: Path) -> None:
+    """``process_cpu_s`` grows by the CPU work between two calls, not by time spent asleep."""
+    import time
+
+    log = CollectorLogger(log_dir=str(tmp_path / "m"), warmup_steps=0)
+    log.log_dict({"loss": 1.0}, step=1)
+    time.sleep(0.3)  # waiting: no CPU
+    log.log_dict({"loss": 1.0}, step=2)
+    t0 = time.process_time()
+    x = 0
+    while time.process_time() - t0 < 0.3:  # working: 0.3 s of CPU
+        x += 1
+    log.log_dict({"loss": 1.0}, step=3)
+    log.close()
+    recs = _steps(tmp_path / "m")
+    cpu = [r["process_cpu_s"] for r in recs]
+    assert cpu[1] - cpu[0] < 0.1, cpu
+    assert 0.3 <= cpu[2] - cpu[1] < 0.5, cpu
