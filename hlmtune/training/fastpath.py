@@ -11,12 +11,17 @@ unmodified modules (tests/test_training_fastpath.py).
   On CUDA only with fp16/bf16: there the flash kernel takes GQA, while fp32 would fall from
   the memory-efficient kernel (no GQA support) to the math kernel, so fp32 CUDA keeps
   torchtune's expansion (:func:`gqa_pays`).
+* :func:`target_positions_only`: the output projection and cross-entropy only at positions
+  that have a label. torchtune projects every position to the vocabulary (in chunks) and
+  then ignores the masked ones; prompts, padding and, in the ECG classification configs,
+  all but one position per example carry no label.
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -92,3 +97,57 @@ def use_gqa_attention(model: torch.nn.Module) -> int:
             m.forward = types.MethodType(_gqa_forward, m)
             n += 1
     return n
+
+
+def target_logits_applies(model: torch.nn.Module, loss_fn: Any) -> bool:
+    """Whether :func:`target_positions_only` gives the loss ``loss_fn`` would.
+
+    True for a torchtune ``TransformerDecoder`` (no intermediate hidden-state outputs) with
+    a token-mean cross-entropy: torchtune's ``CEWithChunkedOutputLoss``, or a plain
+    ``torch.nn.CrossEntropyLoss`` (mean, no class weights, no label smoothing).
+
+    Args:
+        model (torch.nn.Module): the unwrapped model.
+        loss_fn (Any): the recipe's loss.
+    """
+    from torchtune.modules import TransformerDecoder
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    if not isinstance(model, TransformerDecoder) or model.output_hidden_states:
+        return False
+    if isinstance(loss_fn, CEWithChunkedOutputLoss):
+        return True
+    return (type(loss_fn) is torch.nn.CrossEntropyLoss and loss_fn.reduction == "mean"
+            and loss_fn.weight is None and loss_fn.label_smoothing == 0.0)
+
+
+@contextlib.contextmanager
+def target_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
+    """Within the block, ``model(...)`` returns fp32 logits of the kept positions only.
+
+    The final norm and the output projection run inside the model's forward (so DDP and
+    FSDP see every parameter used there), on ``h[keep]`` instead of every position; the
+    norm is per position, so selecting first changes nothing but the work.
+
+    Args:
+        model (torch.nn.Module): a torchtune ``TransformerDecoder`` (unwrapped; the call may
+            go through a wrapper).
+        keep (torch.Tensor): (B, T) bool, True where the shifted label is a target.
+
+    Yields:
+        None: inside, the forward returns (N, V) logits, N = ``keep.sum()``, in row-major
+        order of ``keep`` (the order of ``labels[keep]``).
+    """
+    own = model.__dict__.get("unembed")
+
+    def unembed(h: torch.Tensor) -> torch.Tensor:  # h: (B, T, D)
+        return model.output(model.norm(h[keep])).float()  # (N, V)
+
+    model.unembed = unembed
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.unembed
+        else:
+            model.unembed = own

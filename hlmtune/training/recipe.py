@@ -42,7 +42,7 @@ from hlmtune.training.dist import (
     teardown_distributed,
 )
 from hlmtune.training.options import PackOptions
-from hlmtune.training.fastpath import gqa_pays, use_gqa_attention
+from hlmtune.training.fastpath import gqa_pays, target_logits_applies, target_positions_only, use_gqa_attention
 from hlmtune.training.errors import install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
 from hlmtune.profiling.memory import PeakMemory
@@ -664,6 +664,8 @@ class RecipeBase:
 class SFTRecipe(RecipeBase):
     """Next-token cross-entropy on ``tokens``/``labels`` batches, token-weighted over ranks."""
 
+    _target_logits: Optional[bool] = None  # logits only where labels are (fastpath.py); decided at step 1
+
     def train_step(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Forward/backward of one SFT micro-batch.
 
@@ -676,10 +678,18 @@ class SFTRecipe(RecipeBase):
         # Shift: position t predicts token t+1; the last position predicts nothing.
         ignore = torch.full_like(labels[:, :1], self._loss_fn.ignore_index)
         labels = torch.cat([labels[:, 1:], ignore], dim=1)  # (B, T)
+        if self._target_logits is None:
+            self._target_logits = target_logits_applies(self._inner_model, self._loss_fn)
         with self.mark("forward"), self._activations_ctx:
-            logits = self._model(**batch)  # (B, T, V) or list of chunks
-            num_tokens = (labels != self._loss_fn.ignore_index).sum()
-            loss = self._loss_fn(logits, labels) * num_tokens
+            keep = labels != self._loss_fn.ignore_index  # (B, T)
+            num_tokens = keep.sum()
+            if self._target_logits:  # same loss, no logits for positions without a label
+                with target_positions_only(self._inner_model, keep):
+                    logits = self._model(**batch)  # (N, V), N = num_tokens
+                loss = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum")
+            else:
+                logits = self._model(**batch)  # (B, T, V) or list of chunks
+                loss = self._loss_fn(logits, labels) * num_tokens
         del logits
         with self.mark("backward"):
             loss.backward()
