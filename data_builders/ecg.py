@@ -248,6 +248,8 @@ class ECGBeatClassificationDataset(Dataset):
             (:func:`amplitude_lut`).
         beat_samples (Optional[int]): samples of the target beat kept around its R peak (None =
             the shards' whole window).
+        augment (bool): per example, a random gain (0.7..1.4) and crop shift (+-2 samples) of the
+            target beat (seeded by example index; training only).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -267,6 +269,7 @@ class ECGBeatClassificationDataset(Dataset):
         normalized_rr: int = 0,
         normalize_amplitude: bool = False,
         beat_samples: Optional[int] = None,
+        augment: bool = False,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -284,6 +287,7 @@ class ECGBeatClassificationDataset(Dataset):
                     if normalize_amplitude else None)
         self.beat_samples, self.offset = _crop(params, beat_samples)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
+        self.augment, self.seed, self._edges = bool(augment), int(seed), quantizer_edges(params)
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
         rec_idx, beat_idx, labels = [], [], []
@@ -309,6 +313,14 @@ class ECGBeatClassificationDataset(Dataset):
         """Class name of example ``k``."""
         return self.vocab.classes[int(self.label[self.index[k]])]
 
+    def _gain_lut(self, gain: float) -> np.ndarray:
+        """Token map scaling waveform levels by ``gain`` (bin midpoints, quantized again)."""
+        lut = np.arange(len(self.vocab), dtype=np.int64)
+        levels = np.arange(int(self.params.levels))
+        base = self.vocab.sample_base
+        lut[base + levels] = base + quantize(dequantize(levels, self._edges) * gain, self._edges)
+        return lut
+
     def prompt(self, k: int) -> List[int]:
         """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
         e = int(self.index[k])
@@ -317,10 +329,16 @@ class ECGBeatClassificationDataset(Dataset):
         c0 = max(0, j - self.context_beats)
         s = int(t["token_start"][j])
         beat = self.beats.tokens(i)[s : s + self.per_beat].astype(np.int64)  # <sep> rr(i) q*W
-        if self.beat_samples < self.per_beat - 2:  # <sep> rr(i) and the kept samples
-            beat = np.concatenate([beat[:2], beat[2 + self.offset : 2 + self.offset + self.beat_samples]])
+        off = self.offset
+        rng = np.random.default_rng((self.seed, k)) if self.augment else None
+        if rng is not None:  # shift the crop by up to 2 samples (16 ms) either way, within the window
+            off = int(np.clip(off + rng.integers(-2, 3), 0, self.per_beat - 2 - self.beat_samples))
+        if self.beat_samples < self.per_beat - 2 or off != self.offset:  # <sep> rr(i) and the kept samples
+            beat = np.concatenate([beat[:2], beat[2 + off : 2 + off + self.beat_samples]])
         if self.amp is not None:
             beat = self.amp[i][beat]  # the record's waveform at a common R amplitude
+        if rng is not None:  # gain 0.7..1.4 (log-uniform): no patient is recognised by amplitude alone
+            beat = self._gain_lut(float(np.exp(rng.uniform(np.log(0.7), np.log(1.4)))))[beat]
         beat = beat.tolist()
         if self.rr_norm is None:  # absolute intervals
             rr = self.vocab.rr_base + t["rr_bin"].astype(np.int64)
@@ -653,6 +671,7 @@ def _classification(
     normalized_rr: int = 0,
     normalize_amplitude: bool = False,
     beat_samples: Optional[int] = None,
+    augment: bool = False,
 ) -> ECGBeatClassificationDataset:
     manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
                                            split_file=split_file, seed=seed,
@@ -660,7 +679,7 @@ def _classification(
     return ECGBeatClassificationDataset(
         manifest, chosen, context_beats=context_beats, classes=classes, balance=None if evaluation else balance,
         num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples,
+        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment and not evaluation,
     )
 
 
@@ -680,6 +699,7 @@ def ecg_beat_classification_dataset(
     normalized_rr: int = 0,
     normalize_amplitude: bool = False,
     beat_samples: Optional[int] = None,
+    augment: bool = False,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -704,6 +724,9 @@ def ecg_beat_classification_dataset(
             of 1 mV (:func:`amplitude_lut`): morphology without the patient's lead gain.
         beat_samples (Optional[int]): samples of the target beat kept around its R peak (None =
             the shards' whole window; 80 = -0.22 s .. +0.41 s at 128 Hz, a third fewer tokens).
+        augment (bool): training-time gain (0.7..1.4) and crop shift (+-2 samples) per example,
+            so that a patient's exact amplitude and timing cannot stand in for the class
+            (``hlmtune eval`` never augments).
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -712,7 +735,7 @@ def ecg_beat_classification_dataset(
         tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples,
+        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
     )
 
 
@@ -796,6 +819,7 @@ def ecg_beat_dpo_dataset(
     normalized_rr: int = 0,
     normalize_amplitude: bool = False,
     beat_samples: Optional[int] = None,
+    augment: bool = False,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -810,7 +834,7 @@ def ecg_beat_dpo_dataset(
         tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples,
+        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
     ))
 
 

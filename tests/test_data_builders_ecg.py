@@ -178,6 +178,30 @@ def test_cropped_beat_keeps_the_samples_around_the_r_peak(hlm):
         assert b == a[: 3 + c] + wave[r_at - 26 : r_at - 26 + 80] + a[-2:]
 
 
+def test_augmentation_changes_only_the_waveform_and_never_evaluation(hlm):
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+
+    tk, v = hlm["tk"], hlm["tk"].vocab
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    aug = ecg_beat_classification_dataset(tk, augment=True, **kw)
+    differ = 0
+    for k in range(0, len(plain), max(1, len(plain) // 60)):
+        a, b = plain.prompt(k), aug.prompt(k)
+        assert len(a) == len(b) and aug.prompt(k) == b  # same length; seeded per example
+        wave = slice(len(a) - 2 - 96, len(a) - 2)
+        assert a[: wave.start] == b[: wave.start] and a[wave.stop :] == b[wave.stop :]
+        assert all(v.sample_base <= t < v.rhythm_base for t in b[wave])
+        differ += a != b
+    assert differ > 0.8 * len(range(0, len(plain), max(1, len(plain) // 60)))
+    ev_kw = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=4,
+                 classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
+                 beat_samples=96)
+    e1, e2 = _classification(tk, augment=True, **ev_kw), _classification(tk, augment=False, **ev_kw)
+    assert all(e1.prompt(k) == e2.prompt(k) for k in range(0, len(e1), 7))
+
+
 def test_a_label_leak_would_be_caught(hlm, monkeypatch):
     """Guard of the guard: a builder that put the label into the prompt fails the check above."""
     from hlmtune.data_builders import ecg as builders
