@@ -13,8 +13,8 @@ Stages (each resumes: a finished stage is not redone unless ``--force``):
 6. **report**: ``report/report.md`` with loss curves, iteration time and peak memory per step,
    the confusion matrix and the table beside the published baselines (PNG plots next to it).
 
-The path of the report is printed last. On 2 CPU cores with MIT-BIH the defaults took 21.6
-minutes on a loaded machine (``README.md``, "Measured here"; the target is 15).
+The path of the report is printed last. On 2 idle CPU cores with MIT-BIH the defaults take
+10 minutes (``README.md``, "Measured here").
 """
 
 from __future__ import annotations
