@@ -181,14 +181,26 @@ def amplitude_lut(table: np.ndarray, tokens: np.ndarray, vocab: Vocabulary, targ
     Returns:
         np.ndarray: (vocab size,) int64 map, identity except on waveform levels.
     """
-    p = vocab.params
-    edges = quantizer_edges(p)
-    at_r = table["token_start"].astype(np.int64) + 2 + p.pre  # <sep> rr, then the window
+    edges = quantizer_edges(vocab.params)
+    at_r = table["token_start"].astype(np.int64) + 2 + vocab.params.pre  # <sep> rr, then the window
     r_mv = np.abs(dequantize(tokens[at_r].astype(np.int64) - vocab.sample_base, edges))
     med = float(np.median(r_mv)) if r_mv.size else 0.0
-    gain = float(np.clip(target_mv / med, 0.25, 4.0)) if med > 0 else 1.0
+    return gain_lut(vocab, edges, float(np.clip(target_mv / med, 0.25, 4.0)) if med > 0 else 1.0)
+
+
+def gain_lut(vocab: Vocabulary, edges: np.ndarray, gain: float) -> np.ndarray:
+    """Token map scaling every waveform level by ``gain`` (bin midpoints in mV, quantized again).
+
+    Args:
+        vocab (Vocabulary): the shards' vocabulary (``samples`` scheme).
+        edges (np.ndarray): the quantizer's edges (``quantizer_edges(vocab.params)``).
+        gain (float): amplitude factor.
+
+    Returns:
+        np.ndarray: (vocab size,) int64 map, identity except on waveform levels.
+    """
     lut = np.arange(len(vocab), dtype=np.int64)
-    levels = np.arange(int(p.levels))
+    levels = np.arange(int(vocab.params.levels))
     lut[vocab.sample_base + levels] = vocab.sample_base + quantize(dequantize(levels, edges) * gain, edges)
     return lut
 
@@ -281,8 +293,10 @@ class ECGBeatClassificationDataset(Dataset):
         self.classes, class_ids = _target_classes(self.vocab, classes)
         if not 0 <= int(normalized_rr) <= 100_000:
             raise ValueError(f"normalized_rr must be 0 (off) or the beats of its running median, got {normalized_rr}")
-        self.rr_norm = ([normalized_rr_tokens(t, self.vocab, int(normalized_rr)) for t in self.beats.tables]
-                        if normalized_rr else None)
+        self.normalized_rr = bool(normalized_rr)
+        # per record: (n_beats,) RR token of every beat, absolute or relative to the patient's rhythm
+        self.rr_tokens = [normalized_rr_tokens(t, self.vocab, int(normalized_rr)) if normalized_rr
+                          else self.vocab.rr_base + t["rr_bin"].astype(np.int64) for t in self.beats.tables]
         self.amp = ([amplitude_lut(t, self.beats.tokens(i), self.vocab) for i, t in enumerate(self.beats.tables)]
                     if normalize_amplitude else None)
         self.beat_samples, self.offset = _crop(params, beat_samples)
@@ -313,14 +327,6 @@ class ECGBeatClassificationDataset(Dataset):
         """Class name of example ``k``."""
         return self.vocab.classes[int(self.label[self.index[k]])]
 
-    def _gain_lut(self, gain: float) -> np.ndarray:
-        """Token map scaling waveform levels by ``gain`` (bin midpoints, quantized again)."""
-        lut = np.arange(len(self.vocab), dtype=np.int64)
-        levels = np.arange(int(self.params.levels))
-        base = self.vocab.sample_base
-        lut[base + levels] = base + quantize(dequantize(levels, self._edges) * gain, self._edges)
-        return lut
-
     def prompt(self, k: int) -> List[int]:
         """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
         e = int(self.index[k])
@@ -338,12 +344,10 @@ class ECGBeatClassificationDataset(Dataset):
         if self.amp is not None:
             beat = self.amp[i][beat]  # the record's waveform at a common R amplitude
         if rng is not None:  # gain 0.7..1.4 (log-uniform): no patient is recognised by amplitude alone
-            beat = self._gain_lut(float(np.exp(rng.uniform(np.log(0.7), np.log(1.4)))))[beat]
+            beat = gain_lut(self.vocab, self._edges, float(np.exp(rng.uniform(np.log(0.7), np.log(1.4)))))[beat]
         beat = beat.tolist()
-        if self.rr_norm is None:  # absolute intervals
-            rr = self.vocab.rr_base + t["rr_bin"].astype(np.int64)
-        else:  # every interval relative to the patient's own rhythm (no absolute heart rate)
-            rr = self.rr_norm[i]
+        rr = self.rr_tokens[i]
+        if self.normalized_rr:  # the shard holds the absolute RR: every interval relative instead
             beat[1] = int(rr[j])
         ctx = rr[c0:j].tolist()  # earlier beats: RR only
         nxt = int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import io
 import json
 import math
@@ -223,25 +224,18 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
         test = sp.resolve_records(split=split, records=None, split_file=ds.get("split_file"), available=available,
                                   evaluation=True)
         sp.check_disjoint(train_records, test)
-    if comp in ("ecg_beat_classification_dataset", "ecg_beat_dpo_dataset"):
-        d = builders._classification(
-            tokenizer, shards_dir=ds.get("shards_dir"), split=test_split, records=None,
-            split_file=ds.get("split_file"), context_beats=ds.get("context_beats", 16), classes=ds.get("classes"),
-            balance=None, num_examples=None, seed=ds.get("seed", 0),
-            random_test_fraction=ds.get("random_test_fraction", 0.2), evaluation=True,
-            normalized_rr=ds.get("normalized_rr", 0), normalize_amplitude=ds.get("normalize_amplitude", False),
-            beat_samples=ds.get("beat_samples"),
-        )
-        return "beat", d, train_records
-    if comp == "ecg_beat_stream_dataset":
-        d = builders._stream(
-            tokenizer, shards_dir=ds.get("shards_dir"), split=test_split, records=None,
-            split_file=ds.get("split_file"), max_seq_len=ds.get("max_seq_len"),
-            beat_samples=ds.get("beat_samples", 80), context_beats=ds.get("context_beats", 2),
-            classes=ds.get("classes"), balance=None, num_examples=None, seed=ds.get("seed", 0),
-            random_test_fraction=ds.get("random_test_fraction", 0.2), evaluation=True,
-        )
-        return "stream", d, train_records
+    # The test prompts are built exactly as the run's training prompts (every key of its dataset
+    # section, the builder's defaults for the rest); only the records, the draw and augmentation
+    # (the private builders drop both when evaluating) differ.
+    beat_builders = {"ecg_beat_classification_dataset": ("beat", builders._classification),
+                     "ecg_beat_dpo_dataset": ("beat", builders._classification),
+                     "ecg_beat_stream_dataset": ("stream", builders._stream)}
+    if comp in beat_builders:
+        kind, build = beat_builders[comp]
+        defaults = {k: p.default for k, p in inspect.signature(getattr(builders, comp)).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        d = build(tokenizer, **{**defaults, **ds, "split": test_split, "records": None, "evaluation": True})
+        return kind, d, train_records
     if comp == "ecg_af_dataset":
         recs = test if train_split != sp.RANDOM else train_records
         d = builders.ECGAFDataset(manifest, recs, segment_beats=ds.get("segment_beats", 41),
