@@ -91,3 +91,25 @@ def test_predict_reads_every_query_position_of_a_window():
     assert got == ref and len(got) == 9 and 0 <= off <= 9
     got_c, _ = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions, compile=True)
     assert got_c == ref
+
+
+def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
+    """The DS2 prompts are laid out as the run's training prompts: every dataset key is honoured."""
+    from omegaconf import OmegaConf
+
+    from hlm_fixtures import make_shards
+    from hlmtune.data_builders.ecg import _classification
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+
+    info = make_shards(tmp_path)
+    tk = ECGTokenizer(manifest_path=str(info["shards"]), max_seq_len=1024)
+    keys = dict(shards_dir=str(info["shards"]), split_file=str(info["split_file"]), context_beats=5,
+                normalized_rr=32, normalize_amplitude=True, beat_samples=64, classes=["N", "V"])
+    cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
+                                        "augment": True, **keys}})
+    kind, ds, train = ev._test_dataset(cfg, tk, "DS2")
+    want = _classification(tk, split="DS2", records=None, balance=None, num_examples=None, seed=0,
+                           random_test_fraction=0.2, evaluation=True, **keys)
+    assert kind == "beat" and train == list(info["train"]) and len(ds) == len(want) > 0
+    assert all(ds.prompt(k) == want.prompt(k) for k in range(0, len(ds), 11))
+    assert len(ds.prompt(len(ds) - 1)) == 1 + 5 + 2 + 64 + 2  # bos, 5 RR, <sep> rr, 64 samples, rr <beat?>
