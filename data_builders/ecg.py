@@ -205,6 +205,39 @@ def gain_lut(vocab: Vocabulary, edges: np.ndarray, gain: float) -> np.ndarray:
     return lut
 
 
+TEMPLATE_BLOCK = 64  # beats sharing one template: a wearable refreshes it every ~50 s, not every beat
+
+
+def beat_templates(waves_mv: np.ndarray, beats: int, block: int = TEMPLATE_BLOCK) -> np.ndarray:
+    """The patient's typical beat before each block of beats: sample-wise median of earlier beats.
+
+    A ventricular beat is "wide and unlike this patient's usual beat"; a bundle-branch-block
+    patient's normal beats are wide too. A model that sees the patient's template beside the
+    beat can compare, instead of remembering what the training patients' beats looked like.
+    Label-free: every beat of the window counts, whatever its class (normal beats dominate
+    almost every record, so the median is their shape).
+
+    Block ``b`` (beats ``b * block ..``) gets the median over beats ``[s - beats, s)``, with
+    ``s = b * block``: causal. Blocks starting before ``beats`` beats share the median of the
+    record's first ``beats`` beats (a wearable's warm-up; they include the block's own beats).
+
+    Args:
+        waves_mv (np.ndarray): (n_beats, W) float waveform of every beat in mV.
+        beats (int): beats in the median (>= 1).
+        block (int): beats per block (>= 1).
+
+    Returns:
+        np.ndarray: (n_blocks, W) float64 templates; beat ``j`` uses row ``j // block``.
+    """
+    n = int(waves_mv.shape[0])
+    out = np.empty((max(1, -(-n // block)), waves_mv.shape[1]))
+    for b in range(out.shape[0]):
+        s = b * block
+        lo, hi = (s - beats, s) if s >= beats else (0, min(n, beats))
+        out[b] = np.median(waves_mv[lo:hi], axis=0) if hi > lo else 0.0
+    return out
+
+
 def _crop(params: TokenizerParams, beat_samples: Optional[int]) -> Tuple[int, int]:
     """(samples kept per beat, offset of the first in the tokenizer's window).
 
@@ -262,6 +295,12 @@ class ECGBeatClassificationDataset(Dataset):
             the shards' whole window).
         augment (bool): per example, a random gain (0.7..1.4) and crop shift (+-2 samples) of the
             target beat (seeded by example index; training only).
+        template_beats (int): 0 = off; else the prompt starts with the patient's typical beat, the
+            sample-wise median of this many earlier beats (:func:`beat_templates`), cropped like
+            the target beat.
+        template_swap (float): training only: probability that an N or S example shows the
+            template in place of its own samples, so the class must be read from the RR tokens
+            (a supraventricular beat is a normal-looking beat that comes early).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -282,6 +321,8 @@ class ECGBeatClassificationDataset(Dataset):
         normalize_amplitude: bool = False,
         beat_samples: Optional[int] = None,
         augment: bool = False,
+        template_beats: int = 0,
+        template_swap: float = 0.0,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -302,6 +343,15 @@ class ECGBeatClassificationDataset(Dataset):
         self.beat_samples, self.offset = _crop(params, beat_samples)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
         self.augment, self.seed, self._edges = bool(augment), int(seed), quantizer_edges(params)
+        if not 0 <= int(template_beats) <= 100_000:
+            raise ValueError(f"template_beats must be 0 (off) or the beats of the median template, got {template_beats}")
+        # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
+        self.templates = [self._templates(i, int(template_beats)) for i in range(len(self.beats.tables))] \
+            if template_beats else None
+        if not 0.0 <= float(template_swap) <= 1.0 or (template_swap and not template_beats):
+            raise ValueError(f"template_swap must be 0..1 and needs template_beats > 0, got {template_swap} "
+                             f"with template_beats {template_beats}")
+        self.template_swap = float(template_swap)
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
         rec_idx, beat_idx, labels = [], [], []
@@ -319,6 +369,16 @@ class ECGBeatClassificationDataset(Dataset):
         if self.label.size == 0:
             raise ValueError(f"no beats of classes {self.classes} in records {records}")
         self.index = balanced_indices(self.label, balance=balance, num_examples=num_examples, seed=seed)
+
+    def _templates(self, i: int, beats: int) -> np.ndarray:
+        """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
+        t, w = self.beats.tables[i], int(self.params.window)
+        idx = t["token_start"].astype(np.int64)[:, None] + 2 + np.arange(w)  # (n_beats, W): skip <sep> rr
+        waves = self.beats.tokens(i)[idx].astype(np.int64)
+        if self.amp is not None:
+            waves = self.amp[i][waves]
+        mv = dequantize(waves - self.vocab.sample_base, self._edges)  # (n_beats, W)
+        return self.vocab.sample_base + quantize(beat_templates(mv, beats), self._edges)
 
     def __len__(self) -> int:
         return int(self.index.size)
@@ -343,15 +403,21 @@ class ECGBeatClassificationDataset(Dataset):
             beat = np.concatenate([beat[:2], beat[2 + off : 2 + off + self.beat_samples]])
         if self.amp is not None:
             beat = self.amp[i][beat]  # the record's waveform at a common R amplitude
+        tmpl = (self.templates[i][j // TEMPLATE_BLOCK, self.offset : self.offset + self.beat_samples]
+                if self.templates is not None else beat[:0])  # (beat_samples,) unshifted: the reference
         if rng is not None:  # gain 0.7..1.4 (log-uniform): no patient is recognised by amplitude alone
-            beat = gain_lut(self.vocab, self._edges, float(np.exp(rng.uniform(np.log(0.7), np.log(1.4)))))[beat]
+            lut = gain_lut(self.vocab, self._edges, float(np.exp(rng.uniform(np.log(0.7), np.log(1.4)))))
+            beat, tmpl = lut[beat], lut[tmpl]  # one gain for the patient's beat and template
+        if self.template_swap and self.vocab.classes[int(self.label[e])] in ("N", "S") \
+                and np.random.default_rng((self.seed, k, 1)).random() < self.template_swap:
+            beat = np.concatenate([beat[:2], tmpl])  # a normal-looking beat: only the RR tells N from S
         beat = beat.tolist()
         rr = self.rr_tokens[i]
         if self.normalized_rr:  # the shard holds the absolute RR: every interval relative instead
             beat[1] = int(rr[j])
         ctx = rr[c0:j].tolist()  # earlier beats: RR only
         nxt = int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr
-        return [BOS_ID] + ctx + beat + [nxt, self.query_id]
+        return [BOS_ID] + tmpl.tolist() + ctx + beat + [nxt, self.query_id]
 
     def __getitem__(self, k: int) -> Dict[str, List[int]]:
         prompt = self.prompt(k)
@@ -676,6 +742,8 @@ def _classification(
     normalize_amplitude: bool = False,
     beat_samples: Optional[int] = None,
     augment: bool = False,
+    template_beats: int = 0,
+    template_swap: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
                                            split_file=split_file, seed=seed,
@@ -684,6 +752,7 @@ def _classification(
         manifest, chosen, context_beats=context_beats, classes=classes, balance=None if evaluation else balance,
         num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment and not evaluation,
+        template_beats=template_beats, template_swap=0.0 if evaluation else template_swap,
     )
 
 
@@ -704,6 +773,8 @@ def ecg_beat_classification_dataset(
     normalize_amplitude: bool = False,
     beat_samples: Optional[int] = None,
     augment: bool = False,
+    template_beats: int = 0,
+    template_swap: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -731,6 +802,12 @@ def ecg_beat_classification_dataset(
         augment (bool): training-time gain (0.7..1.4) and crop shift (+-2 samples) per example,
             so that a patient's exact amplitude and timing cannot stand in for the class
             (``hlmtune eval`` never augments).
+        template_beats (int): 0 = off; else the prompt opens with the patient's typical beat, the
+            sample-wise median of this many earlier beats, whatever their class
+            (:func:`beat_templates`): morphology relative to the patient's own beats.
+        template_swap (float): training only (``hlmtune eval`` never swaps): probability that an
+            N or S example shows the template instead of its own samples, so that prematurity
+            (the RR tokens) and not the training patients' waveforms carries the S class.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -740,6 +817,7 @@ def ecg_beat_classification_dataset(
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
+        template_beats=template_beats, template_swap=template_swap,
     )
 
 
@@ -824,6 +902,8 @@ def ecg_beat_dpo_dataset(
     normalize_amplitude: bool = False,
     beat_samples: Optional[int] = None,
     augment: bool = False,
+    template_beats: int = 0,
+    template_swap: float = 0.0,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -839,6 +919,7 @@ def ecg_beat_dpo_dataset(
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
+        template_beats=template_beats, template_swap=template_swap,
     ))
 
 

@@ -202,6 +202,97 @@ def test_augmentation_changes_only_the_waveform_and_never_evaluation(hlm):
     assert all(e1.prompt(k) == e2.prompt(k) for k in range(0, len(e1), 7))
 
 
+def _template_reference(hlm, record, j, beats, crop):
+    """Patient template of beat j, by hand: median of earlier beats' bin midpoints, re-binned."""
+    import bisect
+    import statistics
+
+    from hlmtune.ecg_tokenizer.shards import stem
+    from hlmtune.ecg_tokenizer.vocab import quantizer_edges
+
+    tk = hlm["tk"]
+    v, w = tk.vocab, tk.params.window
+    edges = [float(e) for e in quantizer_edges(tk.params)]
+    table = _beats(hlm, record)
+    tokens = np.load(Path(hlm["shards"]) / "records" / f"{stem(record)}.tokens.npy")
+    start = (j // 64) * 64  # one template per 64 beats
+    window = range(start - beats, start) if start >= beats else range(0, min(len(table), beats))
+    out = []
+    for q in range(crop[0], crop[0] + crop[1]):
+        mv = [(edges[lv] + edges[lv + 1]) / 2 for lv in
+              (int(tokens[int(table["token_start"][b]) + 2 + q]) - v.sample_base for b in window)]
+        level = min(len(edges) - 2, max(0, bisect.bisect_right(edges, statistics.median(mv)) - 1))
+        out.append(v.sample_base + level)
+    return out
+
+
+def test_template_prompt_opens_with_the_patients_median_beat(hlm):
+    """template_beats: [bos] template(96) + the plain prompt; template = median of earlier beats, by hand."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+
+    tk = hlm["tk"]
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    tmpl = ecg_beat_classification_dataset(tk, template_beats=100, **kw)
+    offset = tk.params.window // 3 - 96 // 3  # the crop keeps the R peak at a third
+    blocks = set()
+    for k in range(0, len(plain), max(1, len(plain) // 40)):
+        a, b = plain.prompt(k), tmpl.prompt(k)
+        i, j = int(tmpl.rec[tmpl.index[k]]), int(tmpl.beat[tmpl.index[k]])
+        want = _template_reference(hlm, hlm["train"][i], j, 100, (offset, 96))
+        assert b == [a[0]] + want + a[1:], (k, j)
+        blocks.add(j // 64)
+    assert {0, 1, 2} <= blocks  # warm-up blocks and causal ones
+
+
+def test_template_swap_shows_n_and_s_beats_as_the_template_and_never_in_evaluation(hlm):
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+
+    tk = hlm["tk"]
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96, template_beats=100)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    swapped = ecg_beat_classification_dataset(tk, template_swap=1.0, **kw)
+    seen = set()
+    for k in range(0, len(plain), max(1, len(plain) // 80)):
+        a, b = plain.prompt(k), swapped.prompt(k)
+        tmpl, wave = a[1:97], slice(len(a) - 2 - 96, len(a) - 2)
+        cls = plain.label_of(k)
+        seen.add(cls)
+        assert b[: wave.start] == a[: wave.start] and b[wave.stop :] == a[wave.stop :]
+        assert b[wave] == (tmpl if cls in ("N", "S") else a[wave]), (k, cls)
+    assert {"N", "V"} <= seen
+    half = ecg_beat_classification_dataset(tk, template_swap=0.5, **kw)
+    ns = [k for k in range(len(plain)) if plain.label_of(k) in ("N", "S")][:200]
+    share = np.mean([half.prompt(k) != plain.prompt(k) for k in ns])
+    assert 0.35 < share < 0.65
+    ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=4,
+              classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
+              beat_samples=96, template_beats=100)
+    e1, e2 = _classification(tk, template_swap=1.0, **ev), _classification(tk, **ev)
+    assert all(e1.prompt(k) == e2.prompt(k) for k in range(0, len(e1), 7))
+    with pytest.raises(ValueError, match="template_swap"):
+        ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), template_swap=0.5)
+
+
+def test_templates_are_causal_after_the_warm_up():
+    """A block's template never reads its own or later beats once the record is past the warm-up."""
+    from hlmtune.data_builders.ecg import beat_templates
+
+    rng = np.random.default_rng(0)
+    waves = rng.normal(size=(300, 5))
+    got = beat_templates(waves, beats=50, block=20)
+    assert got.shape == (15, 5)
+    for b in range(got.shape[0]):
+        s = b * 20
+        window = waves[s - 50 : s] if s >= 50 else waves[:50]
+        assert np.allclose(got[b], np.median(window, axis=0))
+    late = waves.copy()
+    late[100:] += 10.0  # a change at beat 100 reaches blocks starting at 120, not earlier ones
+    moved = np.abs(beat_templates(late, beats=50, block=20) - got).max(axis=1) > 0
+    assert moved.tolist() == [False] * 6 + [True] * 9
+
+
 def test_a_label_leak_would_be_caught(hlm, monkeypatch):
     """Guard of the guard: a builder that put the label into the prompt fails the check above."""
     from hlmtune.data_builders import ecg as builders
