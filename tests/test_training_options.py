@@ -102,3 +102,56 @@ def test_collector_reads_the_data_loader_section(tmp_path: Path):
     log.close()
     run = json.loads((tmp_path / "m" / "run.json").read_text())
     assert (run["pin_memory"], run["num_workers"]) == (True, 3)
+
+
+@pytest.mark.parametrize("mode, device, dp, want, reason", [
+    ("default", "cuda", "fsdp", "default", None),
+    ("max-autotune-no-cudagraphs", "cpu", "ddp", "max-autotune-no-cudagraphs", None),
+    ("reduce-overhead", "cuda", "ddp", "reduce-overhead", None),
+    ("reduce-overhead", "cuda", "none", "reduce-overhead", None),
+    ("max-autotune", "cuda", "none", "max-autotune", None),
+    ("reduce-overhead", "cuda", "fsdp", "default", "FSDP2"),
+    ("max-autotune", "cuda", "fsdp", "max-autotune-no-cudagraphs", "FSDP2"),
+    ("reduce-overhead", "cpu", "ddp", "default", "none on cpu"),
+])
+def test_cuda_graphs_only_where_they_can_replay(mode, device, dp, want, reason):
+    from hlmtune.training.options import effective_compile_mode
+
+    got, why = effective_compile_mode(mode, device, dp)
+    assert got == want
+    assert (why is None) == (reason is None) and (reason is None or reason in why)
+
+
+def test_compile_mode_is_parsed_and_checked():
+    opts, errors = _parse({"compile_mode": "reduce-overhead"}, LORA)
+    assert errors == [] and opts.compile_mode == "reduce-overhead" and PackOptions().compile_mode == "default"
+    _, errors = _parse({"compile_mode": "reduce_overhead"}, LORA)
+    assert errors and "did you mean 'reduce-overhead'" in errors[0]
+
+
+@pytest.mark.parametrize("mode, device, dp, compiled_with, graphs", [
+    ("reduce-overhead", "cuda", "ddp", "reduce-overhead", True),
+    ("reduce-overhead", "cuda", "fsdp", "torchtune", False),
+    ("max-autotune-no-cudagraphs", "cpu", "none", "max-autotune-no-cudagraphs", False),
+    ("default", "cpu", "none", "torchtune", False),
+])
+def test_layers_compile_in_the_effective_mode(monkeypatch, mode, device, dp, compiled_with, graphs):
+    """Every transformer layer is compiled with the mode (or by torchtune's own helper); graphs
+    turn on the per-step cudagraph_mark_step_begin."""
+    import types
+
+    import torch
+    from torchtune import training
+    from torchtune.models.llama3 import llama3
+
+    from hlmtune.training.recipe import RecipeBase
+
+    model = llama3(vocab_size=64, num_layers=2, num_heads=2, num_kv_heads=1, embed_dim=32, max_seq_len=16)
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: calls.append(kw.get("mode")))
+    monkeypatch.setattr(training, "compile_model", lambda m, verbose=True: calls.append("torchtune"))
+    fake = types.SimpleNamespace(_compile_mode=mode, _device=torch.device(device), _is_rank_zero=False,
+                                 _cudagraphs=False)
+    RecipeBase._compile_layers(fake, model, dp)
+    assert calls == (["torchtune"] if compiled_with == "torchtune" else [compiled_with] * 2)
+    assert fake._cudagraphs is graphs

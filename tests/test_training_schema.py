@@ -118,3 +118,18 @@ def test_resolve_component():
 def test_build_model_on_meta_counts_8b_without_memory():
     n = build_model_on_meta(OmegaConf.create({"_component_": "torchtune.models.llama3.llama3_8b"}), "bf16")
     assert 8.0e9 < n < 8.1e9
+
+
+def test_compile_mode_warns_where_it_cannot_act(tiny_cfg):
+    """compile_mode without compile, or CUDA graphs on CPU: one warning line; a bad mode fails."""
+    off = OmegaConf.merge(tiny_cfg, {"compile_mode": "reduce-overhead", "compile": False})
+    validate_config(off, "lora_finetune_distributed", check_components=False)
+    assert [w for w in config_warnings(off, "lora_finetune_distributed") if "compile_mode" in w] == [
+        "key 'compile_mode' ('reduce-overhead') is ignored: compile is not True"]
+    cpu = OmegaConf.merge(tiny_cfg, {"compile_mode": "reduce-overhead", "compile": True, "device": "cpu"})
+    assert any("none on cpu" in w for w in config_warnings(cpu, "lora_finetune_distributed"))
+    cuda = OmegaConf.merge(tiny_cfg, {"compile_mode": "reduce-overhead", "compile": True, "device": "cuda"})
+    assert not any("compile_mode" in w for w in config_warnings(cuda, "lora_finetune_distributed"))
+    with pytest.raises(ConfigError, match="compile_mode must be one of"):
+        validate_config(OmegaConf.merge(tiny_cfg, {"compile_mode": "fast"}), "lora_finetune_distributed",
+                        check_components=False)

@@ -18,6 +18,34 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple
 SPLIT_CHOICES = ("distributed", "contiguous")
 DATA_PARALLEL_CHOICES = ("auto", "fsdp", "ddp")
 AC_MODES = ("none", "full", "selective")
+# torch.compile modes; the two that capture CUDA graphs need CUDA and unsharded parameters.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_WITHOUT_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def effective_compile_mode(mode: str, device_type: str, data_parallel: str) -> Tuple[str, Optional[str]]:
+    """The compile mode a run can use, and why it differs from the one asked for (or None).
+
+    CUDA graphs (``reduce-overhead``, ``max-autotune``) replay kernels at fixed addresses: they
+    need CUDA, and FSDP2's per-step all-gather re-allocates the unsharded parameters a graph
+    would have captured, so FSDP runs (and CPU runs) compile without graphs instead.
+
+    Args:
+        mode (str): one of ``COMPILE_MODES``.
+        device_type (str): ``cuda`` or ``cpu``.
+        data_parallel (str): the resolved wrapper: ``fsdp``, ``ddp`` or ``none``.
+
+    Returns:
+        Tuple[str, Optional[str]]: (mode to compile with, reason it was changed).
+    """
+    if mode not in _WITHOUT_GRAPHS:
+        return mode, None
+    if device_type != "cuda":
+        return _WITHOUT_GRAPHS[mode], f"compile_mode '{mode}' captures CUDA graphs, none on {device_type}: compiling with '{_WITHOUT_GRAPHS[mode]}'"
+    if data_parallel == "fsdp":
+        return _WITHOUT_GRAPHS[mode], (f"compile_mode '{mode}': CUDA graphs cannot hold FSDP2's re-gathered parameters: "
+                                       f"compiling with '{_WITHOUT_GRAPHS[mode]}' (use data_parallel: ddp for graphs)")
+    return mode, None
 
 
 def _is_int(v: Any) -> bool:
@@ -112,6 +140,7 @@ class PackOptions:
     quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
     activation_checkpointing: ActivationCheckpointing = field(default_factory=ActivationCheckpointing)
     log_peak_memory_stats: bool = True
+    compile_mode: str = "default"
 
 
 # The pack's own top-level keys (every recipe accepts them) and what each holds.
@@ -120,6 +149,8 @@ PACK_KEY_DOCS = {
     "data_parallel": f"one of {DATA_PARALLEL_CHOICES}: auto = FSDP2 on CUDA, DDP on CPU",
     "save_every_n_steps": "resumable checkpoint every N optimizer steps (null: epoch ends only)",
     "keep_last_n_checkpoints": "older resumable checkpoints are deleted (null: keep all)",
+    "compile_mode": f"with compile: True, one of {COMPILE_MODES}: reduce-overhead = CUDA graphs "
+                    "(CUDA, DDP or one device; fewer launches for small models)",
 }
 
 
@@ -210,6 +241,11 @@ def parse_pack_options(
         else:
             kw[key] = v
     kw["activation_checkpointing"] = _parse_ac(data, accepted, errors)
+    cm = data.get("compile_mode", "default")
+    if cm not in COMPILE_MODES:
+        errors.append(f"compile_mode must be one of {COMPILE_MODES}, got {cm!r}{closest(str(cm), COMPILE_MODES)}")
+    else:
+        kw["compile_mode"] = cm
     peak = data.get("log_peak_memory_stats", True)
     if peak is not None and not isinstance(peak, bool):
         errors.append(f"log_peak_memory_stats must be True or False, got {peak!r}")

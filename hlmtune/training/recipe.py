@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import socket
 import sys
 import time
@@ -30,6 +31,7 @@ from torch.utils.data import ConcatDataset, Subset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 from torchtune import config, training, utils
+from torchtune.modules import TransformerCrossAttentionLayer, TransformerSelfAttentionLayer
 from tqdm import tqdm
 
 from hlmtune._io import atomic_torch_save
@@ -41,7 +43,7 @@ from hlmtune.training.dist import (
     init_distributed,
     teardown_distributed,
 )
-from hlmtune.training.options import PackOptions
+from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import gqa_pays, target_logits_applies, target_positions_only, use_gqa_attention
 from hlmtune.training.errors import install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
@@ -106,6 +108,8 @@ class RecipeBase:
         self._keep_last_n: Optional[int] = self.options.keep_last_n_checkpoints
         self._resume: bool = bool(cfg.get("resume_from_checkpoint", False))
         self._compile: bool = bool(cfg.get("compile", False))
+        self._compile_mode: str = self.options.compile_mode  # resolved in setup_model (device, wrapper)
+        self._cudagraphs: bool = False  # compiled with CUDA graphs: each step marks a new graph replay
         self._ac_every_n: int = self.options.activation_checkpointing.every_n_layers
         self._enable_offload: bool = bool(cfg.get("enable_activation_offloading", False))
         if self._enable_offload and self._device.type != "cuda":
@@ -224,6 +228,20 @@ class RecipeBase:
         """Method label for metrics (``lora``, ``qlora`` ...); subclasses refine it."""
         return self.METHOD
 
+    def _compile_layers(self, model: torch.nn.Module, data_parallel: str) -> None:
+        """torchtune's per-layer compile, in the config's ``compile_mode``."""
+        mode, why = effective_compile_mode(self._compile_mode, self._device.type, data_parallel)
+        if why and self._is_rank_zero:
+            log.warning(why)
+        if mode == "default":
+            training.compile_model(model, verbose=self._is_rank_zero)  # torchtune's own, unchanged
+            return
+        backend = os.environ.get("TORCH_COMPILE_BACKEND", "inductor")
+        for m in reversed(list(model.modules())):  # as training.compile_model, with the mode
+            if isinstance(m, (TransformerSelfAttentionLayer, TransformerCrossAttentionLayer)):
+                m.compile(backend=backend, mode=mode)
+        self._cudagraphs = mode in ("reduce-overhead", "max-autotune")
+
     def _resolve_data_parallel(self, mode: str) -> str:
         if self.world_size == 1:
             return "none"
@@ -323,7 +341,7 @@ class RecipeBase:
         else:
             self.set_trainable(model)
         if self._compile:
-            training.compile_model(model, verbose=self._is_rank_zero)
+            self._compile_layers(model, data_parallel)
         if self._ac_every_n and not frozen:
             apply_activation_checkpointing(model, self.options.activation_checkpointing.layers(len(model.layers)))
         if fsdp:
@@ -520,6 +538,8 @@ class RecipeBase:
             sync = contextlib.nullcontext()
             if self._data_parallel == "ddp" and micro < self._gradient_accumulation_steps - 1:
                 sync = self._model.no_sync()
+            if self._cudagraphs:  # outputs of the previous replay may be overwritten from here on
+                torch.compiler.cudagraph_mark_step_begin()
             with sync:
                 out = self.train_step(batch)
             loss_sum += out["loss_sum"].to(torch.float64)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Unio
 
 from omegaconf import DictConfig, OmegaConf
 
-from hlmtune.training.options import PACK_KEY_DOCS, PackOptions, parse_pack_options
+from hlmtune.training.options import PACK_KEY_DOCS, PackOptions, effective_compile_mode, parse_pack_options
 from hlmtune.training.spec import RecipeSpec, pack_specs
 
 # Keys every torchtune fine-tuning recipe reads.
@@ -323,6 +323,13 @@ def config_warnings(cfg: DictConfig | Mapping[str, Any], recipe: Union[str, Reci
             honoured, why = NOT_HONOURED[key]
             if not honoured(value):
                 out.append(f"key '{key}' ({value!r}) is ignored by {spec.name}: {why}")
+    mode = data.get("compile_mode", "default")
+    if mode != "default" and not data.get("compile", False):
+        out.append(f"key 'compile_mode' ({mode!r}) is ignored: compile is not True")
+    elif mode != "default" and str(data.get("device") or "cpu").split(":")[0] != "cuda":
+        _, why = effective_compile_mode(mode, "cpu", "none")
+        if why:
+            out.append(f"key {why}")
     if "ac_mode" in allowed and data.get("ac_mode") is not None and data.get("enable_activation_checkpointing"):
         out.append(
             f"keys 'ac_mode' ({data['ac_mode']!r}) and 'enable_activation_checkpointing' (True) are both set: "
