@@ -63,3 +63,27 @@ def test_a_database_with_a_split_file_is_named_for_what_it_is(tmp_path):
     synth = synthetic_database(tmp_path / "synth", n_records=2, duration_s=20)
     _, described, _ = find_data(str(synth), tmp_path, "auto")
     assert described.startswith("SYNTHETIC ECG")
+
+
+def test_a_stage_is_kept_only_when_its_settings_are_the_same(tmp_path, capsys):
+    """Same command: kept; other settings, a missing record of them, or --force: run again."""
+    from hlmtune.hlm.pipeline import STAGE_STAMP, _train_stage
+
+    run_dir, count = tmp_path / "run", tmp_path / "count"
+    done = run_dir / "model.pt"
+    script = f"import pathlib; pathlib.Path({str(done)!r}).write_text('w'); " \
+             f"c = pathlib.Path({str(count)!r}); c.write_text(str(int(c.read_text() or 0) + 1) if c.exists() else '1')"
+
+    def stage(examples, force=False):
+        cmd = [sys.executable, "-c", script, f"dataset.num_examples={examples}"]
+        return _train_stage("fine-tune", run_dir, done, force, dict(os.environ), "training", cmd)[1]
+
+    assert stage(100) is True and count.read_text() == "1"
+    assert stage(100) is False and count.read_text() == "1"
+    assert "finished before, kept" in capsys.readouterr().err
+    assert stage(200) is True and count.read_text() == "2"
+    assert "other settings" in capsys.readouterr().err
+    (run_dir / STAGE_STAMP).unlink()  # a run of an older version: no record of its settings
+    assert stage(200) is True and count.read_text() == "3"
+    assert stage(200, force=True) is True and count.read_text() == "4"
+    assert stage(200) is False

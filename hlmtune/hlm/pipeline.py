@@ -115,17 +115,38 @@ def _run(cmd: List[str], env: Dict[str, str], log: Path) -> None:
         raise RuntimeError(f"stage failed (exit {rc}): {' '.join(cmd[:6])} ...; log {log}:\n" + "\n".join(tail))
 
 
+STAGE_STAMP = "stage.json"  # the command a finished stage ran: a rerun with other settings redoes it
+
+
 def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[str, str], what: str,
-                 cmd: List[str]) -> float:
-    """Run one training stage unless its export ``done`` exists; returns its wall time (s)."""
+                 cmd: List[str]) -> Tuple[float, bool]:
+    """Run one training stage unless it finished before with the same command.
+
+    A stage counts as finished when its export ``done`` exists and ``run_dir/stage.json``
+    records the same command (settings, upstream paths, rank count); otherwise it runs (again),
+    so ``--finetune-examples 24000`` after a 12,000-example run retrains instead of reporting
+    the old model.
+
+    Returns:
+        Tuple[float, bool]: (wall time in s, whether it ran: stages downstream must then rerun).
+    """
+    from hlmtune._io import atomic_write_text
+
     t0 = time.perf_counter()
-    if force or not done.exists():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _say(what)
-        _run(cmd, env, run_dir / "train.log")
-    else:
+    stamp = run_dir / STAGE_STAMP
+    settings = cmd[1:]  # the interpreter's path is not a setting
+    before = json.loads(stamp.read_text()).get("command") if stamp.exists() else None
+    if not force and done.exists() and before == settings:
         _say(f"{name}: finished before, kept ({run_dir}; --force redoes it)")
-    return time.perf_counter() - t0
+        return time.perf_counter() - t0, False
+    if done.exists() and not force:
+        _say(f"{name}: the run in {run_dir} was made with other settings (or by an older version): redoing it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)  # an interrupted rerun must not look finished
+    _say(what)
+    _run(cmd, env, run_dir / "train.log")
+    atomic_write_text(stamp, json.dumps({"command": settings}, indent=1) + "\n")
+    return time.perf_counter() - t0, True
 
 
 def _train_cmd(nproc: int, recipe: str, config: str, overrides: Sequence[str], run_dir: Path) -> List[str]:
@@ -260,14 +281,14 @@ def run_pipeline(
 
     # 3. pretrain, 4. LoRA fine-tune
     pre, ft = out / "runs" / "pretrain", out / "runs" / "lora"
-    timings["pretrain"] = _train_stage(
+    timings["pretrain"], redone = _train_stage(
         "pretrain", pre, pre / "epoch_0" / "model.pt", force, env,
         f"pretraining {model} for {pretrain_steps} steps on {nproc} CPU rank(s)",
         _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
                    [*common, *size, f"max_steps_per_epoch={pretrain_steps}"], pre),
     )
-    timings["finetune"] = _train_stage(
-        "fine-tune", ft, ft / "epoch_0" / "model-00001-of-00001.bin", force, env,
+    timings["finetune"], _ = _train_stage(
+        "fine-tune", ft, ft / "epoch_0" / "model-00001-of-00001.bin", force or redone, env,
         f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples",
         _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
                    [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pre}",
