@@ -24,7 +24,8 @@ Inputs never hold the answer:
   Earlier beats appear as their RR bins only (no waveform, no label): the rhythm context of
   the inter-patient feature sets (local RR average, prematurity) at one token per beat. Only
   ``LABEL`` is trained on. With the default 128-sample beats and 16 context beats an example
-  is 149 tokens;
+  is 149 tokens. ``template_beats`` puts the patient's typical beat (``t...t``, the median of
+  earlier beats, :func:`beat_templates`) right after ``<bos>``;
 * atrial fibrillation (``ecg_af_dataset``): a segment of ``segment_beats`` consecutive beats
   (annotation shards: one symbol token per beat, the papers' first HLM; samples shards: the
   beats' RR tokens) then ``<af?>`` and the answer ``<af>``/``<not_af>`` from the rhythm
