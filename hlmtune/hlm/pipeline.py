@@ -14,7 +14,7 @@ Stages (each resumes: a finished stage is not redone unless ``--force``):
    the confusion matrix and the table beside the published baselines (PNG plots next to it).
 
 The path of the report is printed last. On 2 idle CPU cores with MIT-BIH the defaults take
-10 minutes (``README.md``, "Measured here").
+about 14.5 minutes (``README.md``, "Measured here").
 """
 
 from __future__ import annotations
