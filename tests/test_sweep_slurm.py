@@ -41,6 +41,11 @@ def _tool() -> Path:
 def slurm_cluster():
     """A running single-node cluster (started once; stopped at the end only if this session started it)."""
     tool = _tool()
+    # The cluster script and the daemons are root's tools (runuser, slurmctld, slurmd live in
+    # sbin): a CI shell started with a minimal PATH must still find them.
+    path = os.environ.get("PATH", "")
+    missing = [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin") if d not in path.split(os.pathsep)]
+    os.environ["PATH"] = os.pathsep.join([path, *missing]) if missing else path
     status = subprocess.run(["bash", str(tool), "status"], capture_output=True, text=True, timeout=60)
     was_running = "slurmctld: running" in status.stdout
     # 4 advertised CPUs (the tool allows more than the real 2): 4 one-CPU tasks could all run at
