@@ -52,7 +52,7 @@ def main() -> int:
     print(metrics["notice"])
     print(f"model {args.model}, {args.nproc} CPU ranks, pretrain {args.pretrain_steps} steps, "
           f"fine-tune {args.finetune_examples} examples; cpus={os.cpu_count()}, load before/after: see uptime")
-    print(class_table(r))
+    print(class_table(r, metrics["classes"]))
     print()
     print(baseline_table(metrics["results"]))
     print()

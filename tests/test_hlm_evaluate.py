@@ -113,3 +113,16 @@ def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
     assert kind == "beat" and train == list(info["train"]) and len(ds) == len(want) > 0
     assert all(ds.prompt(k) == want.prompt(k) for k in range(0, len(ds), 11))
     assert len(ds.prompt(len(ds) - 1)) == 1 + 5 + 2 + 64 + 2  # bos, 5 RR, <sep> rr, 64 samples, rr <beat?>
+
+
+def test_class_table_rows_follow_the_class_order_not_the_json_key_order():
+    """metrics.json sorts keys (F N S V); a table built from it keeps the classes' own order."""
+    import json
+
+    from hlmtune.hlm.evaluate import class_table, summarize
+
+    r = summarize([[5, 1, 0, 0], [1, 3, 0, 0], [0, 0, 4, 1], [0, 0, 1, 2]], ["N", "S", "V", "F"])
+    reloaded = json.loads(json.dumps(r, sort_keys=True))
+    rows = [line.split("|")[1].strip() for line in class_table(reloaded, ["N", "S", "V", "F"]).splitlines()[2:]]
+    assert rows == ["N", "S", "V", "F", "macro"]
+    assert class_table(reloaded, ["N", "S", "V", "F"]) == class_table(r)

@@ -274,10 +274,12 @@ def baseline_table(results: Dict[str, Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def class_table(r: Dict[str, Any]) -> str:
-    """Markdown per-class table of one result."""
+def class_table(r: Dict[str, Any], classes: Optional[Sequence[str]] = None) -> str:
+    """Markdown per-class table of one result, rows in ``classes`` order (``metrics.json``
+    stores ``per_class`` with sorted keys: pass ``metrics["classes"]`` to keep N S V F)."""
     lines = ["| class | support | Se % | +P % | F1 |", "|---|---|---|---|---|"]
-    for c, v in r["per_class"].items():
+    for c in (classes or list(r["per_class"])):
+        v = r["per_class"][c]
         lines.append(f"| {c} | {v['support']} | {_fmt(v['se'])} | {_fmt(v['ppv'])} | {_fmt(v['f1'], False)} |")
     lines.append(f"| macro | {r['n']} | | | {_fmt(r['macro_f1'], False)} |")
     return "\n".join(lines)
