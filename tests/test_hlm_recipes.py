@@ -115,7 +115,7 @@ def test_qlora_trains_and_loads(shards, pretrained, tmp_path, nproc):
 def test_dpo_from_the_classifier(shards, lora_run, tmp_path, nproc):
     out = tmp_path / "run"
     run_hlm("lora_dpo_distributed", "ecg_dpo", out, shards=shards, nproc=nproc,
-            overrides=[f"sft_dir={lora_run}", "batch_size=8", "dataset.num_examples=256", "max_steps_per_epoch=8",
+            overrides=[f"sft_dir={lora_run}", "batch_size=8", "dataset.num_examples=256", "max_steps_per_epoch=12",
                        "optimizer.lr=2e-3", "lr_scheduler.num_warmup_steps=1"])
     rows = [json.loads(x) for x in (out / "metrics" / "steps.jsonl").read_text().splitlines()]
     # step 1: policy == reference, every reward 0 (a tie); after it the margins must grow.
