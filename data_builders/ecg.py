@@ -77,7 +77,23 @@ def _shards(tokenizer: Any, shards_dir: Optional[str]) -> Tuple[Dict[str, Any], 
     return manifest, params
 
 
-def balanced_indices(labels: np.ndarray, *, balance: Optional[float], num_examples: Optional[int], seed: int) -> np.ndarray:
+def _spread(total: int, share: np.ndarray) -> np.ndarray:
+    """Integer split of ``total`` proportional to ``share`` (largest shares get the remainder)."""
+    want = np.floor(share / share.sum() * total).astype(np.int64)
+    want[np.argsort(-share, kind="stable")[: total - int(want.sum())]] += 1
+    return want
+
+
+def _cycle(rng: np.random.Generator, members: np.ndarray, k: int) -> np.ndarray:
+    """``k`` draws from ``members``: fresh permutations, every member once before any twice."""
+    reps = -(-int(k) // members.size)
+    return np.concatenate([rng.permutation(members) for _ in range(max(reps, 1))])[: int(k)]
+
+
+def balanced_indices(
+    labels: np.ndarray, *, balance: Optional[float], num_examples: Optional[int], seed: int,
+    groups: Optional[np.ndarray] = None, group_balance: float = 1.0,
+) -> np.ndarray:
     """Example indices of one epoch with class shares proportional to ``count ** balance``.
 
     Args:
@@ -85,6 +101,10 @@ def balanced_indices(labels: np.ndarray, *, balance: Optional[float], num_exampl
         balance (Optional[float]): exponent; None keeps every example once, in order.
         num_examples (Optional[int]): epoch size (default: number of candidates).
         seed (int): seed of the draw.
+        groups (Optional[np.ndarray]): (n,) group id per candidate (the record: the patient).
+        group_balance (float): within a class, each group's share is proportional to its
+            count ``** group_balance``: 1 = as recorded (one patient with most of a class's
+            beats dominates it), 0 = every patient of the class equally, 0.5 between.
 
     Returns:
         np.ndarray: (num_examples,) indices into ``labels``, shuffled by class draw.
@@ -94,18 +114,22 @@ def balanced_indices(labels: np.ndarray, *, balance: Optional[float], num_exampl
         return np.arange(n, dtype=np.int64)
     if not 0.0 <= float(balance) <= 1.0:
         raise ValueError(f"balance must be in [0, 1] or null, got {balance}")
+    if not 0.0 <= float(group_balance) <= 1.0:
+        raise ValueError(f"record_balance must be in [0, 1], got {group_balance}")
     total = int(num_examples or n)
     classes, counts = np.unique(labels, return_counts=True)
-    share = counts.astype(np.float64) ** float(balance)
-    want = np.floor(share / share.sum() * total).astype(np.int64)
-    want[np.argsort(-share)[: total - int(want.sum())]] += 1  # hand out the rounding remainder
+    want = _spread(total, counts.astype(np.float64) ** float(balance))
     rng = np.random.default_rng(seed)
     out = []
     for c, k in zip(classes, want):
         members = np.flatnonzero(labels == c)
-        reps = -(-int(k) // members.size)
-        # Each repeat is a fresh permutation: every member is used once before any twice.
-        out.append(np.concatenate([rng.permutation(members) for _ in range(max(reps, 1))])[: int(k)])
+        if groups is None or float(group_balance) == 1.0:
+            out.append(_cycle(rng, members, int(k)))
+            continue
+        g_ids, g_counts = np.unique(groups[members], return_counts=True)
+        for g, kg in zip(g_ids, _spread(int(k), g_counts.astype(np.float64) ** float(group_balance))):
+            if kg:
+                out.append(_cycle(rng, members[groups[members] == g], int(kg)))
     return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
 
@@ -302,6 +326,9 @@ class ECGBeatClassificationDataset(Dataset):
         template_swap (float): training only: probability that an N or S example shows the
             template in place of its own samples, so the class must be read from the RR tokens
             (a supraventricular beat is a normal-looking beat that comes early).
+        record_balance (float): within each class, record (patient) shares of the draw are
+            proportional to ``count ** record_balance`` (1 = as recorded; see
+            :func:`balanced_indices`).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -324,6 +351,8 @@ class ECGBeatClassificationDataset(Dataset):
         augment: bool = False,
         template_beats: int = 0,
         template_swap: float = 0.0,
+        record_balance: float = 1.0,
+        previous_swap: float = 0.0,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -353,6 +382,9 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError(f"template_swap must be 0..1 and needs template_beats > 0, got {template_swap} "
                              f"with template_beats {template_beats}")
         self.template_swap = float(template_swap)
+        if not 0.0 <= float(previous_swap) <= 1.0:
+            raise ValueError(f"previous_swap must be 0..1, got {previous_swap}")
+        self.previous_swap = float(previous_swap)
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
         rec_idx, beat_idx, labels = [], [], []
@@ -369,7 +401,8 @@ class ECGBeatClassificationDataset(Dataset):
         self.label = np.concatenate(labels) if labels else np.zeros(0, np.int64)
         if self.label.size == 0:
             raise ValueError(f"no beats of classes {self.classes} in records {records}")
-        self.index = balanced_indices(self.label, balance=balance, num_examples=num_examples, seed=seed)
+        self.index = balanced_indices(self.label, balance=balance, num_examples=num_examples, seed=seed,
+                                      groups=self.rec, group_balance=record_balance)
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -396,6 +429,10 @@ class ECGBeatClassificationDataset(Dataset):
         c0 = max(0, j - self.context_beats)
         s = int(t["token_start"][j])
         beat = self.beats.tokens(i)[s : s + self.per_beat].astype(np.int64)  # <sep> rr(i) q*W
+        if self.previous_swap and j > 0 and self.vocab.classes[int(self.label[e])] in ("N", "S") \
+                and np.random.default_rng((self.seed, k, 2)).random() < self.previous_swap:
+            p = int(t["token_start"][j - 1])  # the previous beat's samples (real, not a median): only RR differs
+            beat = np.concatenate([beat[:2], self.beats.tokens(i)[p + 2 : p + self.per_beat].astype(np.int64)])
         off = self.offset
         rng = np.random.default_rng((self.seed, k)) if self.augment else None
         if rng is not None:  # shift the crop by up to 2 samples (16 ms) either way, within the window
@@ -745,6 +782,8 @@ def _classification(
     augment: bool = False,
     template_beats: int = 0,
     template_swap: float = 0.0,
+    record_balance: float = 1.0,
+    previous_swap: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
                                            split_file=split_file, seed=seed,
@@ -754,6 +793,7 @@ def _classification(
         num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment and not evaluation,
         template_beats=template_beats, template_swap=0.0 if evaluation else template_swap,
+        record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap,
     )
 
 
@@ -776,6 +816,8 @@ def ecg_beat_classification_dataset(
     augment: bool = False,
     template_beats: int = 0,
     template_swap: float = 0.0,
+    record_balance: float = 1.0,
+    previous_swap: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -809,6 +851,11 @@ def ecg_beat_classification_dataset(
         template_swap (float): training only (``hlmtune eval`` never swaps): probability that an
             N or S example shows the template instead of its own samples, so that prematurity
             (the RR tokens) and not the training patients' waveforms carries the S class.
+        record_balance (float): training draw only: within each class, each record's share is
+            proportional to its beats of that class ``** record_balance``. 1 = as recorded (in
+            DS1, record 209 holds 383 of the 944 S beats); 0 = every patient with the class
+            equally; between, more patients per class without repeating a 3-beat record 100
+            times.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -818,7 +865,8 @@ def ecg_beat_classification_dataset(
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
-        template_beats=template_beats, template_swap=template_swap,
+        template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
+        previous_swap=previous_swap,
     )
 
 
@@ -905,6 +953,8 @@ def ecg_beat_dpo_dataset(
     augment: bool = False,
     template_beats: int = 0,
     template_swap: float = 0.0,
+    record_balance: float = 1.0,
+    previous_swap: float = 0.0,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -920,7 +970,8 @@ def ecg_beat_dpo_dataset(
         context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
-        template_beats=template_beats, template_swap=template_swap,
+        template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
+        previous_swap=previous_swap,
     ))
 
 

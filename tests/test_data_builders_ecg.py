@@ -56,6 +56,12 @@ def hlm(tmp_path_factory):
     return info
 
 
+def _stem(record):
+    from hlmtune.ecg_tokenizer.shards import stem
+
+    return stem(record)
+
+
 def _beats(info, record):
     from hlmtune.ecg_tokenizer.shards import stem
 
@@ -275,6 +281,43 @@ def test_template_swap_shows_n_and_s_beats_as_the_template_and_never_in_evaluati
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), template_swap=0.5)
 
 
+def test_previous_swap_shows_the_previous_beats_samples_and_never_in_evaluation(hlm):
+    """N/S examples read the previous beat's samples (their own RR tokens kept); V/F and eval untouched."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+
+    tk = hlm["tk"]
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    swapped = ecg_beat_classification_dataset(tk, previous_swap=1.0, **kw)
+    # a by-hand reference: the shard tokens of beat j-1, cropped like the target beat
+    tables = {r: _beats(hlm, r) for r in hlm["train"]}
+    tokens = {r: np.load(Path(hlm["shards"]) / "records" / f"{_stem(r)}.tokens.npy") for r in hlm["train"]}
+    off = swapped.offset
+    seen = set()
+    for k in range(0, len(plain), max(1, len(plain) // 80)):
+        a, b = plain.prompt(k), swapped.prompt(k)
+        e = int(plain.index[k])
+        rec, j = hlm["train"][int(plain.rec[e])], int(plain.beat[e])
+        cls = plain.label_of(k)
+        wave = slice(len(a) - 2 - 96, len(a) - 2)
+        assert b[: wave.start] == a[: wave.start] and b[wave.stop :] == a[wave.stop :]  # RR tokens kept
+        if cls in ("N", "S") and j > 0:
+            s0 = int(tables[rec]["token_start"][j - 1]) + 2 + off
+            assert b[wave] == tokens[rec][s0 : s0 + 96].tolist(), (k, j)
+            seen.add(cls)
+        else:
+            assert b[wave] == a[wave], (k, cls)
+    assert "N" in seen
+    ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=4,
+              classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
+              beat_samples=96)
+    e1, e2 = _classification(tk, previous_swap=1.0, **ev), _classification(tk, **ev)
+    assert all(e1.prompt(k) == e2.prompt(k) for k in range(0, len(e1), 7))
+    with pytest.raises(ValueError, match="previous_swap"):
+        ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), previous_swap=1.5)
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates
@@ -442,6 +485,35 @@ def test_class_balance_shares(hlm):
     ds = ecg_beat_classification_dataset(hlm["tk"], split_file=str(hlm["split_file"]), balance=0.0,
                                          num_examples=400, classes=["N", "V"])
     assert Counter(ds.label_of(k) for k in range(len(ds))) == {"N": 200, "V": 200}
+
+
+def test_record_balance_spreads_a_class_over_its_patients(hlm):
+    """Within a class, record shares follow count ** record_balance; 1 keeps the old draw exactly."""
+    from collections import Counter
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import balanced_indices
+
+    # class 1 (the rare one): record 0 holds 81 beats, records 1 and 2 hold 9 each; class 0: 900 in record 3
+    labels = np.array([0] * 900 + [1] * 99)
+    groups = np.array([3] * 900 + [0] * 81 + [1] * 9 + [2] * 9)
+    base = balanced_indices(labels, balance=0.0, num_examples=600, seed=1)
+    same = balanced_indices(labels, balance=0.0, num_examples=600, seed=1, groups=groups, group_balance=1.0)
+    np.testing.assert_array_equal(base, same)
+    for gb, want in ((0.0, {0: 100, 1: 100, 2: 100}), (0.5, {0: 180, 1: 60, 2: 60})):
+        idx = balanced_indices(labels, balance=0.0, num_examples=600, seed=1, groups=groups, group_balance=gb)
+        assert Counter(labels[idx]) == {0: 300, 1: 300}  # class shares untouched
+        assert Counter(groups[idx[labels[idx] == 1]]) == want  # 81**.5 : 9**.5 : 9**.5 = 3 : 1 : 1
+        for g in (1, 2):  # a small record is cycled through whole before any beat repeats
+            drawn = Counter(idx[groups[idx] == g])
+            assert max(drawn.values()) - min(drawn.values()) <= 1 and len(drawn) == 9
+    with pytest.raises(ValueError, match="record_balance must be in"):
+        balanced_indices(labels, balance=0.0, num_examples=10, seed=0, groups=groups, group_balance=-0.5)
+    # through the builder: with record_balance 0 every training record with V beats gets an equal share
+    ds = ecg_beat_classification_dataset(hlm["tk"], split_file=str(hlm["split_file"]), balance=0.0,
+                                         num_examples=800, classes=["N", "V"], record_balance=0.0)
+    v_rec = Counter(int(ds.rec[ds.index[k]]) for k in range(len(ds)) if ds.label_of(k) == "V")
+    assert len(v_rec) >= 2 and max(v_rec.values()) - min(v_rec.values()) <= 1, v_rec
 
 
 def test_dpo_pairs_reject_the_confusion_that_matters(hlm):
