@@ -8,7 +8,11 @@ are imported directly where used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict
+import importlib
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING, Any, Callable, Dict
 
 if TYPE_CHECKING:  # pragma: no cover
     from omegaconf import DictConfig
@@ -43,6 +47,55 @@ def ensure_torchao_aliases() -> None:
         return
     if not hasattr(qat, "FakeQuantizeConfig") and hasattr(qat, "IntxFakeQuantizeConfig"):
         qat.FakeQuantizeConfig = qat.IntxFakeQuantizeConfig
+
+
+# What ``import torchtune`` takes from Hugging Face ``datasets`` at import time (torchtune 0.6.1:
+# ``data/_utils.py`` and ``datasets/_{sft,preference,text_completion}.py``), by module.
+_TORCHTUNE_HF_NAMES = {"datasets": ("load_dataset",), "datasets.distributed": ("split_dataset_by_node",)}
+
+
+def _forwarder(module: str, name: str) -> Callable[..., Any]:
+    """A function that imports ``module`` on its first call and calls ``module.name``."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``{module}.{name}``, imported on first call (hlmtune defers Hugging Face datasets)."
+    return call
+
+
+def import_torchtune_deferring_hf_datasets() -> bool:
+    """Import torchtune without importing Hugging Face ``datasets`` (and pyarrow, pandas).
+
+    ``import torchtune`` imports ``datasets`` for two names it calls only when a dataset is
+    built from the Hub or a file (``load_dataset``, ``split_dataset_by_node``); that pulls in
+    pyarrow and pandas, ~100 MiB of resident memory per rank that a run on token shards (the
+    ECG model, pre-tokenized rows) never uses. During torchtune's import only, stand-in modules
+    give it forwarders that import the real ``datasets`` on their first call; the stand-ins are
+    then removed, so any later ``import datasets`` is the real package.
+
+    Returns:
+        bool: True if torchtune was imported here with the deferral; False if torchtune or
+        datasets was already imported, or datasets is not installed (nothing to defer).
+    """
+    if "torchtune" in sys.modules or "datasets" in sys.modules or importlib.util.find_spec("datasets") is None:
+        return False
+    standins = {}
+    for module, names in _TORCHTUNE_HF_NAMES.items():
+        stub = types.ModuleType(module)
+        for name in names:
+            setattr(stub, name, _forwarder(module, name))
+        standins[module] = stub
+    standins["datasets"].distributed = standins["datasets.distributed"]
+    sys.modules.update(standins)
+    try:
+        importlib.import_module("torchtune")
+    finally:
+        for module, stub in standins.items():
+            if sys.modules.get(module) is stub:
+                del sys.modules[module]
+    return True
 
 
 def load_config(config_path: str, overrides: list) -> "DictConfig":
