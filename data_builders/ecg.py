@@ -353,6 +353,7 @@ class ECGBeatClassificationDataset(Dataset):
         template_swap: float = 0.0,
         record_balance: float = 1.0,
         previous_swap: float = 0.0,
+        next_rr: bool = True,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -385,6 +386,7 @@ class ECGBeatClassificationDataset(Dataset):
         if not 0.0 <= float(previous_swap) <= 1.0:
             raise ValueError(f"previous_swap must be 0..1, got {previous_swap}")
         self.previous_swap = float(previous_swap)
+        self.next_rr = bool(next_rr)
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
         rec_idx, beat_idx, labels = [], [], []
@@ -454,8 +456,8 @@ class ECGBeatClassificationDataset(Dataset):
         if self.normalized_rr:  # the shard holds the absolute RR: every interval relative instead
             beat[1] = int(rr[j])
         ctx = rr[c0:j].tolist()  # earlier beats: RR only
-        nxt = int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr
-        return [BOS_ID] + tmpl.tolist() + ctx + beat + [nxt, self.query_id]
+        nxt = [int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr] if self.next_rr else []
+        return [BOS_ID] + tmpl.tolist() + ctx + beat + nxt + [self.query_id]
 
     def __getitem__(self, k: int) -> Dict[str, List[int]]:
         prompt = self.prompt(k)
@@ -784,6 +786,7 @@ def _classification(
     template_swap: float = 0.0,
     record_balance: float = 1.0,
     previous_swap: float = 0.0,
+    next_rr: bool = True,
 ) -> ECGBeatClassificationDataset:
     manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
                                            split_file=split_file, seed=seed,
@@ -793,7 +796,7 @@ def _classification(
         num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment and not evaluation,
         template_beats=template_beats, template_swap=0.0 if evaluation else template_swap,
-        record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap,
+        record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap, next_rr=next_rr,
     )
 
 
@@ -818,6 +821,7 @@ def ecg_beat_classification_dataset(
     template_swap: float = 0.0,
     record_balance: float = 1.0,
     previous_swap: float = 0.0,
+    next_rr: bool = True,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -866,7 +870,7 @@ def ecg_beat_classification_dataset(
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
-        previous_swap=previous_swap,
+        previous_swap=previous_swap, next_rr=next_rr,
     )
 
 
@@ -955,6 +959,7 @@ def ecg_beat_dpo_dataset(
     template_swap: float = 0.0,
     record_balance: float = 1.0,
     previous_swap: float = 0.0,
+    next_rr: bool = True,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -971,7 +976,7 @@ def ecg_beat_dpo_dataset(
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
-        previous_swap=previous_swap,
+        previous_swap=previous_swap, next_rr=next_rr,
     ))
 
 

@@ -318,6 +318,24 @@ def test_previous_swap_shows_the_previous_beats_samples_and_never_in_evaluation(
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), previous_swap=1.5)
 
 
+def test_next_rr_false_drops_only_the_following_interval(hlm):
+    """Without ``next_rr`` the prompt is the default prompt less rr(i+1), the token before <beat?>."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+
+    tk = hlm["tk"]
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96)
+    full = ecg_beat_classification_dataset(tk, **kw)
+    short = ecg_beat_classification_dataset(tk, next_rr=False, **kw)
+    query = tk.vocab.ids["<beat?>"]
+    for k in range(0, len(full), max(1, len(full) // 60)):
+        a, b = full.prompt(k), short.prompt(k)
+        e = int(full.index[k])
+        rr = full.rr_tokens[int(full.rec[e])]
+        j = int(full.beat[e])
+        assert a[-1] == b[-1] == query and b == a[:-2] + [query]
+        assert a[-2] == (int(rr[j + 1]) if j + 1 < rr.size else full.unknown_rr)
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates
