@@ -329,6 +329,9 @@ class ECGBeatClassificationDataset(Dataset):
         record_balance (float): within each class, record (patient) shares of the draw are
             proportional to ``count ** record_balance`` (1 = as recorded; see
             :func:`balanced_indices`).
+        previous_swap (float): training only: probability that an N or S example shows the
+            previous beat's samples instead of its own.
+        next_rr (bool): whether the prompt ends with the following RR interval.
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -860,6 +863,11 @@ def ecg_beat_classification_dataset(
             DS1, record 209 holds 383 of the 944 S beats); 0 = every patient with the class
             equally; between, more patients per class without repeating a 3-beat record 100
             times.
+        previous_swap (float): training only: probability that an N or S example shows the
+            previous beat's real samples instead of its own (its RR tokens kept), so prematurity
+            must carry S; unlike ``template_swap`` the swapped beat is not an exact copy.
+        next_rr (bool): True (default) ends the prompt with the following RR interval (the
+            compensatory pause that the classic inter-patient methods use); False drops it.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
