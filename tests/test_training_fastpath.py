@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hlmtune.training.fastpath import gqa_pays, target_logits_applies, target_positions_only, use_gqa_attention
+from hlmtune.training.fastpath import (
+    _prunable_last_layer, gqa_pays, target_logits_applies, target_positions_only, use_addmm_lora, use_complex_rope,
+    use_gqa_attention,
+)
 
 
 def _model(num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0, lora_output: bool = False) -> torch.nn.Module:
@@ -135,3 +138,212 @@ def test_target_logits_applies_only_to_token_mean_cross_entropy():
     assert not target_logits_applies(torch.nn.Linear(2, 2), CEWithChunkedOutputLoss())
     m.output_hidden_states = [0]  # the forward would return a list with hidden states
     assert not target_logits_applies(m, CEWithChunkedOutputLoss())
+
+
+def _mlp_seq_lens(model: torch.nn.Module) -> list:
+    """Sequence lengths the last layer's MLP sees (a hook), to tell the pruned layer from torchtune's."""
+    seen: list = []
+    model.layers[-1].mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1]))
+    return seen
+
+
+def _target_loss_and_grads(model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor, **kw) -> tuple:
+    model.zero_grad(set_to_none=True)
+    keep = labels != -100
+    with target_positions_only(model, keep):
+        logits = model(tokens, **kw)  # (N, V)
+    loss = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum") / keep.sum()
+    loss.backward()  # after the block, as in the recipe
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _reference_loss_and_grads(model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor, **kw) -> tuple:
+    model.zero_grad(set_to_none=True)
+    logits = model(tokens, **kw)  # (B, T, V): torchtune's model, unmodified
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                             ignore_index=-100)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_last_layer_runs_only_at_target_positions_with_torchtunes_gradients(gqa):
+    tokens = torch.randint(0, 96, (4, 32), generator=torch.Generator().manual_seed(6))
+    labels = _labels(tokens, seed=7)
+    labels[2] = -100  # a row without any target: only padding slots in the last layer
+    ref = _reference_loss_and_grads(_model(), tokens, labels)
+    fast = _model()
+    if gqa:
+        use_gqa_attention(fast)
+    seen = _mlp_seq_lens(fast)
+    got = _target_loss_and_grads(fast, tokens, labels)
+    assert seen == [int((labels != -100).sum(1).max())] and seen[0] < 32  # kept positions only
+    _assert_same(ref, got)
+    assert "forward" not in fast.layers[-1].__dict__  # torchtune's layer again after the block
+    fast(tokens)
+    assert seen[-1] == 32
+
+
+def test_last_layer_at_targets_with_packed_mask_and_positions():
+    g = torch.Generator().manual_seed(8)
+    tokens = torch.randint(0, 96, (2, 24), generator=g)
+    doc = torch.tensor([0] * 10 + [1] * 14)
+    mask = ((doc[:, None] == doc[None, :]) & torch.ones(24, 24, dtype=torch.bool).tril()).expand(2, 24, 24)
+    input_pos = torch.cat([torch.arange(10), torch.arange(14)]).expand(2, 24)
+    labels = _labels(tokens, seed=9)
+    labels[:, 9] = -100  # no target across the document boundary
+    ref = _reference_loss_and_grads(_model(), tokens, labels, mask=mask, input_pos=input_pos)
+    fast = _model()
+    seen = _mlp_seq_lens(fast)
+    got = _target_loss_and_grads(fast, tokens, labels, mask=mask, input_pos=input_pos)
+    assert seen[0] < 24
+    _assert_same(ref, got)
+
+
+def test_checkpointed_last_layer_keeps_torchtunes_layer():
+    # The recompute in backward runs after the block: a swapped forward would not match it.
+    from hlmtune.training.recipe import apply_activation_checkpointing
+
+    tokens = torch.randint(0, 96, (3, 32), generator=torch.Generator().manual_seed(10))
+    labels = _labels(tokens, seed=11)
+    ref = _reference_loss_and_grads(_model(), tokens, labels)
+    fast = _model()
+    seen = _mlp_seq_lens(fast)
+    apply_activation_checkpointing(fast, [0, 1])
+    got = _target_loss_and_grads(fast, tokens, labels)
+    assert seen and all(s == 32 for s in seen)  # forward and recompute: every position
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-6)
+    for n, g_ in got[1].items():
+        torch.testing.assert_close(g_, ref[1][n.replace("._checkpoint_wrapped_module", "")], rtol=1e-5, atol=1e-7)
+
+
+def test_compiled_or_already_patched_last_layer_is_left_alone():
+    m = _model()
+    assert _prunable_last_layer(m) is m.layers[-1]
+    m.layers[-1].compile()  # lazy: nothing compiles until called
+    assert _prunable_last_layer(m) is None
+    m = _model()
+    m.layers[-1].forward = m.layers[-1].forward  # someone else's instance forward
+    assert _prunable_last_layer(m) is None
+
+
+def test_last_layer_with_another_mask_kind_runs_whole_then_selects():
+    # A mask the row selection does not handle (here an additive float mask; on CUDA flex
+    # attention's BlockMask): torchtune's whole layer, then the kept rows.
+    tokens = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(12))
+    causal = torch.ones(24, 24, dtype=torch.bool).tril()
+    mask = torch.zeros(2, 24, 24).masked_fill(~causal, float("-inf"))
+    labels = _labels(tokens, seed=13)
+    ref = _reference_loss_and_grads(_model(), tokens, labels, mask=mask)
+    fast = _model()
+    seen = _mlp_seq_lens(fast)
+    got = _target_loss_and_grads(fast, tokens, labels, mask=mask)
+    assert seen == [24]
+    _assert_same(ref, got)
+
+
+def _lora_linear(quantize_base: bool = False, dropout: float = 0.0, bias: bool = False, seed: int = 0) -> torch.nn.Module:
+    from torchtune.modules.peft import LoRALinear
+
+    torch.manual_seed(seed)
+    m = LoRALinear(128, 256, rank=8, alpha=12, dropout=dropout, quantize_base=quantize_base,
+                   use_bias=bias)  # NF4: 32768 elements
+    with torch.no_grad():
+        m.lora_b.weight.normal_(std=0.1)
+        if bias:
+            m.bias.normal_()
+            m.bias.requires_grad_(False)  # torchtune starts B at zero; non-zero so every path matters
+    m.weight.requires_grad_(False)  # the frozen base, as in fine-tuning
+    return m
+
+
+@pytest.mark.parametrize("quantize_base,dropout,bias", [(False, 0.0, False), (True, 0.0, False), (False, 0.3, False),
+                                                        (True, 0.0, True), (False, 0.0, True)])
+def test_addmm_lora_matches_torchtunes_lora_linear(quantize_base, dropout, bias):
+    x = torch.randn(3, 10, 128, generator=torch.Generator().manual_seed(14), requires_grad=True)
+
+    def run(m):
+        torch.manual_seed(15)  # the same dropout mask
+        out = m(x)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        gx = x.grad.clone()
+        x.grad = None
+        return out.detach(), grads, gx
+
+    ref_m = _lora_linear(quantize_base, dropout, bias)
+    ref = run(ref_m)
+    fast_m = _lora_linear(quantize_base, dropout, bias)
+    assert use_addmm_lora(fast_m) == 1 and use_addmm_lora(fast_m) == 0
+    got = run(fast_m)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    assert set(got[1]) == set(ref[1]) == {"lora_a.weight", "lora_b.weight"}
+    # Rounding differs (the scale applies inside the GEMM): tolerances relative to each tensor's scale.
+    for n in ref[1]:
+        torch.testing.assert_close(got[1][n], ref[1][n], rtol=1e-5, atol=1e-5 * float(ref[1][n].abs().max()))
+    torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=1e-5 * float(ref[2].abs().max()))
+    fast_m.disabled = ref_m.disabled = True  # adapters off (DPO's reference pass): the base alone
+    torch.testing.assert_close(fast_m(x), ref_m(x), rtol=0, atol=0)
+
+
+def test_addmm_lora_in_a_model_keeps_torchtunes_loss_and_gradients():
+    tokens = torch.randint(0, 96, (3, 40), generator=torch.Generator().manual_seed(16))
+    ref = _loss_and_grads(_model(lora_output=True), tokens)
+    fast = _model(lora_output=True)
+    assert use_addmm_lora(fast) == 5  # q and v of 2 layers, and the output
+    _assert_same(ref, _loss_and_grads(fast, tokens))
+
+
+def test_addmm_lora_leaves_dora_and_qat_lora_alone():
+    from torchtune.modules.peft import DoRALinear
+    from torchtune.modules.peft.lora import QATLoRALinear
+
+    assert use_addmm_lora(DoRALinear(64, 64, rank=4, alpha=8)) == 0
+    assert use_addmm_lora(QATLoRALinear(64, 64, rank=4, alpha=8)) == 0  # a LoRALinear subclass, own forward
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("positions", ["none", "packed", "1d"])
+def test_complex_rope_matches_torchtunes_rotation(scaled, positions):
+    from torchtune.models.llama3_1 import Llama3ScaledRoPE
+    from torchtune.modules import RotaryPositionalEmbeddings
+
+    def rope():
+        return (Llama3ScaledRoPE(32, 64, 500_000) if scaled else RotaryPositionalEmbeddings(32, 64, 10_000))
+
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(2, 20, 3, 32, generator=g, requires_grad=True)
+    packed = torch.stack([torch.cat([torch.arange(7), torch.arange(13)]), torch.cat([torch.arange(15), torch.arange(5)])])
+    pos = {"none": None, "packed": packed,  # (2, 20): different documents per row
+           "1d": torch.arange(30, 50)}[positions]
+    grad_out = torch.randn(2, 20, 3, 32, generator=g)
+    ref_out = rope()(x, input_pos=pos)
+    (gx_ref,) = torch.autograd.grad(ref_out, x, grad_out)
+    fast = rope()
+    assert use_complex_rope(fast) == 1 and use_complex_rope(fast) == 0
+    out = fast(x, input_pos=pos)
+    (gx,) = torch.autograd.grad(out, x, grad_out)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-6)
+    # Half precision in, half precision out (computed in fp32, as torchtune does).
+    assert fast(x.detach().bfloat16(), input_pos=pos).dtype == torch.bfloat16
+
+
+def test_complex_rope_in_a_model_keeps_torchtunes_loss_and_gradients():
+    tokens = torch.randint(0, 96, (3, 40), generator=torch.Generator().manual_seed(18))
+    ref = _loss_and_grads(_model(), tokens)
+    fast = _model()
+    assert use_complex_rope(fast) == 2  # one RoPE module per layer's attention
+    use_gqa_attention(fast)
+    use_addmm_lora(fast)
+    _assert_same(ref, _loss_and_grads(fast, tokens))
+
+
+def test_complex_rope_refuses_an_unbuilt_cache_as_torchtune_does():
+    from torchtune.models.llama3_1 import Llama3ScaledRoPE
+
+    r = Llama3ScaledRoPE(32, 64, 500_000)
+    use_complex_rope(r)
+    r.is_cache_built = False
+    with pytest.raises(RuntimeError, match="rope_init"):
+        r(torch.zeros(1, 4, 2, 32))

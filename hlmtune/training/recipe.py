@@ -44,7 +44,9 @@ from hlmtune.training.dist import (
     teardown_distributed,
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
-from hlmtune.training.fastpath import gqa_pays, target_logits_applies, target_positions_only, use_gqa_attention
+from hlmtune.training.fastpath import (
+    gqa_pays, target_logits_applies, target_positions_only, use_addmm_lora, use_complex_rope, use_gqa_attention,
+)
 from hlmtune.training.errors import install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
 from hlmtune.profiling.memory import PeakMemory
@@ -336,6 +338,9 @@ class RecipeBase:
         model = self.prepare_model(model, cfg)
         if gqa_pays(self._device, self._dtype):
             use_gqa_attention(model)  # same math as torchtune's attention, no K/V head copies
+        use_addmm_lora(model)  # LoRA's scale and sum inside one GEMM
+        if not self._compile:
+            use_complex_rope(model)  # RoPE as one complex multiply
         if frozen:
             model.requires_grad_(False)
         else:
