@@ -30,6 +30,7 @@ class FullDPORecipeDistributed(DPORecipe):
     def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
         self._ref_model = None  # frozen reference, built in setup_model
+        self._ref_inner = None  # the same, unwrapped
 
     def setup_model(self, cfg: DictConfig, base_sd):
         model = super().setup_model(cfg, base_sd)
@@ -38,12 +39,12 @@ class FullDPORecipeDistributed(DPORecipe):
             ref_sd = config.instantiate(cfg.ref_checkpointer).load_checkpoint()[training.MODEL_KEY]
         # No gradients to sync: shard the reference under FSDP (memory), else keep it plain.
         ref_dp = "fsdp" if self._data_parallel == "fsdp" else "none"
-        self._ref_model, _ = self.build_model(cfg, ref_sd, frozen=True, data_parallel=ref_dp)
+        self._ref_model, self._ref_inner = self.build_model(cfg, ref_sd, frozen=True, data_parallel=ref_dp)
         self._ref_model.eval()
         return model
 
     def reference_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor):
-        chosen, rejected, _ = self.concatenated_forward(self._ref_model, input_ids, labels)
+        chosen, rejected, _ = self.concatenated_forward(self._ref_model, input_ids, labels, self._ref_inner)
         return chosen, rejected
 
 
