@@ -50,10 +50,30 @@ def main(argv: List[str]) -> None:
     except SystemExit as e:
         if e.code not in (None, 0):
             handler.record_exception(e)
-        raise
+            raise
     except BaseException as e:
         handler.record_exception(e)  # writes TORCHELASTIC_ERROR_FILE when torchrun set it
         raise
+    _exit_without_teardown()
+
+
+def _exit_without_teardown() -> None:
+    """End a rank that finished cleanly without running C++ destructors.
+
+    The recipe has closed its logs and written its outputs atomically. What remains for
+    interpreter shutdown is freeing torch objects, among them the process group kept alive by
+    ``hlmtune.training.dist.teardown_distributed``, whose gloo destructor can deadlock on
+    the GIL. Python-level buffers are flushed first.
+    """
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,14 @@ def test_plain_process_becomes_rank_zero_of_one(monkeypatch):
         assert hd.all_gather_floats([1.5, 2.0], info.device) == [[1.5, 2.0]]
     finally:
         hd.teardown_distributed()
+    # Unregistered but kept alive: gloo's destructor can deadlock on the GIL (dist.py).
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    assert hd.RETIRED_GROUPS and hd.RETIRED_GROUPS[-1] is not None
+    retired = len(hd.RETIRED_GROUPS)
+    hd.teardown_distributed()  # nothing to tear down: nothing kept
+    assert len(hd.RETIRED_GROUPS) == retired
 
 
 @pytest.mark.slow

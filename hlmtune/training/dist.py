@@ -143,9 +143,23 @@ def _die_with_launcher() -> None:
     die_with_parent(expected_parent=expected)
 
 
+# Process groups unregistered by teardown_distributed but kept alive until the process ends.
+RETIRED_GROUPS: List[object] = []
+
+
 def teardown_distributed() -> None:
-    """Destroy the default process group if one exists."""
+    """Unregister the default process group if one exists, and keep its object alive.
+
+    Why not let it go: gloo's C++ destructor joins its worker threads while the calling
+    thread holds the GIL, and a worker still releasing a finished collective's Python-owned
+    tensors needs the GIL: a deadlock. Seen at the end of a 2-rank DPO run: the main thread
+    in ``~ProcessGroupGloo`` -> ``thread::join`` as the DDP reducer was freed, the gloo thread
+    in ``~AsyncAllgatherWork`` -> GIL. Kept here, no destructor runs while recipe objects are
+    freed; ``hlmtune run`` ranks then leave with ``os._exit`` (``hlmtune/_rank.py``), so it
+    never runs.
+    """
     if dist.is_available() and dist.is_initialized():
+        RETIRED_GROUPS.append(dist.distributed_c10d._get_default_group())
         dist.destroy_process_group()
 
 
