@@ -332,6 +332,13 @@ class ECGBeatClassificationDataset(Dataset):
         previous_swap (float): training only: probability that an N or S example shows the
             previous beat's samples instead of its own.
         next_rr (bool): whether the prompt ends with the following RR interval.
+        template_delta (bool): the target beat is shown as its difference from the patient's
+            template (``beat - template`` in mV, quantized again; needs ``template_beats``).
+        premature_synth (float): training only: probability that a drawn N example is shown
+            with a premature interval before it and a pause after it, and labelled S
+            (:meth:`_premature`).
+        show_template (bool): whether the prompt opens with the template (False: the template
+            only serves ``template_delta``).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -357,6 +364,9 @@ class ECGBeatClassificationDataset(Dataset):
         record_balance: float = 1.0,
         previous_swap: float = 0.0,
         next_rr: bool = True,
+        template_delta: bool = False,
+        premature_synth: float = 0.0,
+        show_template: bool = True,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -390,6 +400,12 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError(f"previous_swap must be 0..1, got {previous_swap}")
         self.previous_swap = float(previous_swap)
         self.next_rr = bool(next_rr)
+        if template_delta and not template_beats:
+            raise ValueError("template_delta shows the beat minus the patient's template: it needs template_beats > 0")
+        self.template_delta = bool(template_delta)
+        if not show_template and not template_beats:
+            raise ValueError("show_template: False hides the template of template_beats; with template_beats 0 there is none")
+        self.show_template = bool(show_template)
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
         rec_idx, beat_idx, labels = [], [], []
@@ -408,6 +424,16 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError(f"no beats of classes {self.classes} in records {records}")
         self.index = balanced_indices(self.label, balance=balance, num_examples=num_examples, seed=seed,
                                       groups=self.rec, group_balance=record_balance)
+        if not 0.0 <= float(premature_synth) <= 1.0:
+            raise ValueError(f"premature_synth must be 0..1, got {premature_synth}")
+        if premature_synth and not ("N" in self.classes and "S" in self.classes):
+            raise ValueError(f"premature_synth turns N examples into S examples: classes {self.classes} need both")
+        # (len,) examples shown as a synthetic premature beat and labelled S (drawn once: every epoch the same);
+        # only N beats whose own interval is known (a record's first beat has none to shorten)
+        e = self.index
+        drawn_n = self.label[e] == (self.vocab.classes.index("N") if "N" in self.vocab.classes else -1)
+        known = np.array([int(self.rr_tokens[r][b]) < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
+        self.synthetic = drawn_n & known & (np.random.default_rng((self.seed, 3)).random(e.size) < float(premature_synth))
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -423,8 +449,43 @@ class ECGBeatClassificationDataset(Dataset):
         return int(self.index.size)
 
     def label_of(self, k: int) -> str:
-        """Class name of example ``k``."""
-        return self.vocab.classes[int(self.label[self.index[k]])]
+        """Class name of example ``k`` (S for a synthetic premature beat)."""
+        return "S" if self.synthetic[k] else self.vocab.classes[int(self.label[self.index[k]])]
+
+    # Intervals of a synthetic premature beat relative to the N beat's own cycle: an isolated
+    # atrial premature beat comes at 55-85% of the cycle and is followed by a pause longer than
+    # the cycle (1.05-1.5x) that is not fully compensatory (both together < 1.95 cycles).
+    PREMATURE_RATIO = (0.55, 0.85)
+    PAUSE_RATIO = (1.05, 1.5)
+
+    def _premature(self, k: int, rr_tokens: Sequence[int], rr_next: int) -> Tuple[int, int]:
+        """RR tokens (before, after) of example ``k`` shown as a supraventricular premature beat.
+
+        The waveform stays the N beat's own (normal conduction: what an S beat looks like);
+        only its timing changes, so every training patient contributes S examples that are
+        S by prematurity, not by the few patients with recorded S beats. The cycle is the
+        median of the known intervals of the context and the beat (a beat right after an
+        ectopic one has a long interval of its own).
+
+        Args:
+            k (int): example index (seeds the draw).
+            rr_tokens (Sequence[int]): RR tokens of the context beats and of the beat itself.
+            rr_next (int): the following RR token (kept when no interval is known).
+
+        Returns:
+            Tuple[int, int]: RR tokens before and after the beat.
+        """
+        edges = rr_edges(self.params)
+        bins = np.asarray(rr_tokens, np.int64) - self.vocab.rr_base
+        bins = bins[(bins >= 0) & (bins < int(self.params.rr_bins))]
+        if bins.size == 0:
+            return int(rr_tokens[-1]), rr_next  # no known interval: nothing to shorten
+        cycle = float(np.median(0.5 * (edges[bins] + edges[bins + 1])))  # s, bin middles
+        rng = np.random.default_rng((self.seed, k, 4))
+        pre = rng.uniform(*self.PREMATURE_RATIO)
+        post = min(rng.uniform(*self.PAUSE_RATIO), 1.95 - pre)
+        before, after = rr_bin(np.array([pre * cycle, post * cycle]), edges)
+        return int(self.vocab.rr_base + before), int(self.vocab.rr_base + after)
 
     def prompt(self, k: int) -> List[int]:
         """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
@@ -454,17 +515,25 @@ class ECGBeatClassificationDataset(Dataset):
         if self.template_swap and self.vocab.classes[int(self.label[e])] in ("N", "S") \
                 and np.random.default_rng((self.seed, k, 1)).random() < self.template_swap:
             beat = np.concatenate([beat[:2], tmpl])  # a normal-looking beat: only the RR tells N from S
+        if self.template_delta:  # what differs from the patient's usual beat, in mV, quantized again
+            base, edges = self.vocab.sample_base, self._edges
+            diff = dequantize(beat[2:] - base, edges) - dequantize(tmpl - base, edges)  # (beat_samples,) mV
+            beat = np.concatenate([beat[:2], base + quantize(diff, edges)])
         beat = beat.tolist()
         rr = self.rr_tokens[i]
         if self.normalized_rr:  # the shard holds the absolute RR: every interval relative instead
             beat[1] = int(rr[j])
         ctx = rr[c0:j].tolist()  # earlier beats: RR only
-        nxt = [int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr] if self.next_rr else []
-        return [BOS_ID] + tmpl.tolist() + ctx + beat + nxt + [self.query_id]
+        after = int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr
+        if self.synthetic[k]:  # a normal beat made premature (label S): see _premature
+            beat[1], after = self._premature(k, ctx + [int(beat[1])], after)
+        nxt = [after] if self.next_rr else []
+        shown = tmpl.tolist() if self.show_template else []
+        return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id]
 
     def __getitem__(self, k: int) -> Dict[str, List[int]]:
         prompt = self.prompt(k)
-        answer = self.vocab.label_base + int(self.label[self.index[k]])
+        answer = self.vocab.label_base + self.vocab.classes.index(self.label_of(k))
         tokens = prompt + [answer, EOS_ID]
         labels = [IGNORE] * len(prompt) + [answer, IGNORE]
         return {"tokens": tokens, "labels": labels}
@@ -790,6 +859,9 @@ def _classification(
     record_balance: float = 1.0,
     previous_swap: float = 0.0,
     next_rr: bool = True,
+    template_delta: bool = False,
+    premature_synth: float = 0.0,
+    show_template: bool = True,
 ) -> ECGBeatClassificationDataset:
     manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
                                            split_file=split_file, seed=seed,
@@ -800,6 +872,8 @@ def _classification(
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment and not evaluation,
         template_beats=template_beats, template_swap=0.0 if evaluation else template_swap,
         record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap, next_rr=next_rr,
+        template_delta=template_delta, premature_synth=0.0 if evaluation else premature_synth,
+        show_template=show_template,
     )
 
 
@@ -825,6 +899,9 @@ def ecg_beat_classification_dataset(
     record_balance: float = 1.0,
     previous_swap: float = 0.0,
     next_rr: bool = True,
+    template_delta: bool = False,
+    premature_synth: float = 0.0,
+    show_template: bool = True,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -868,6 +945,20 @@ def ecg_beat_classification_dataset(
             must carry S; unlike ``template_swap`` the swapped beat is not an exact copy.
         next_rr (bool): True (default) ends the prompt with the following RR interval (the
             compensatory pause that the classic inter-patient methods use); False drops it.
+        template_delta (bool): show the target beat as its difference from the patient's
+            template (``beat - template`` in mV, quantized again; needs ``template_beats``):
+            a normal or supraventricular beat is then near zero in every patient, so the
+            waveform tells V from not-V without identifying the training patients, and the
+            RR tokens must carry S.
+        premature_synth (float): training only: probability that a drawn N example is shown
+            as a supraventricular premature beat (its own normal waveform after an interval of
+            55-85% of its cycle, then a pause) and labelled S. By the AAMI definition an S beat
+            is a normally conducted beat that comes early; DS1's recorded S beats come mostly
+            from one patient (record 209), so without this the model learns that patient.
+        show_template (bool): True (default) opens the prompt with the template of
+            ``template_beats``; False keeps it out of the prompt (96 tokens fewer) and uses it
+            only for ``template_delta``: the prompt then holds nothing that identifies the
+            patient's usual beat shape.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -878,7 +969,8 @@ def ecg_beat_classification_dataset(
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
-        previous_swap=previous_swap, next_rr=next_rr,
+        previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
+        premature_synth=premature_synth, show_template=show_template,
     )
 
 
@@ -968,6 +1060,9 @@ def ecg_beat_dpo_dataset(
     record_balance: float = 1.0,
     previous_swap: float = 0.0,
     next_rr: bool = True,
+    template_delta: bool = False,
+    premature_synth: float = 0.0,
+    show_template: bool = True,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -984,7 +1079,8 @@ def ecg_beat_dpo_dataset(
         random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
         normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
-        previous_swap=previous_swap, next_rr=next_rr,
+        previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
+        premature_synth=premature_synth, show_template=show_template,
     ))
 
 

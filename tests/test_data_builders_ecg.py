@@ -336,6 +336,86 @@ def test_next_rr_false_drops_only_the_following_interval(hlm):
         assert a[-2] == (int(rr[j + 1]) if j + 1 < rr.size else full.unknown_rr)
 
 
+def test_template_delta_shows_the_beat_minus_the_template_by_hand(hlm):
+    """template_delta: the waveform is (beat - template) in mV, re-binned by hand; all else unchanged.
+    show_template False: the same prompt without the template."""
+    import bisect
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.ecg_tokenizer.vocab import quantizer_edges
+
+    tk = hlm["tk"]
+    v = tk.vocab
+    edges = [float(e) for e in quantizer_edges(tk.params)]
+    mid = lambda t: (edges[t - v.sample_base] + edges[t - v.sample_base + 1]) / 2  # noqa: E731
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96, template_beats=100)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    delta = ecg_beat_classification_dataset(tk, template_delta=True, **kw)
+    hidden = ecg_beat_classification_dataset(tk, template_delta=True, show_template=False, **kw)
+    small, large = [], []
+    for k in range(0, len(plain), max(1, len(plain) // 60)):
+        a, b = plain.prompt(k), delta.prompt(k)
+        assert hidden.prompt(k) == [b[0]] + b[97:], k  # the same prompt less the template after <bos>
+        wave = slice(len(a) - 2 - 96, len(a) - 2)
+        assert b[: wave.start] == a[: wave.start] and b[wave.stop :] == a[wave.stop :]
+        want = [v.sample_base + min(len(edges) - 2, max(0, bisect.bisect_right(edges, mid(x) - mid(t)) - 1))
+                for x, t in zip(a[wave], a[1:97])]  # a[1:97]: the template that opens the prompt
+        assert b[wave] == want, k
+        assert not any(v.label_base <= t < v.rr_base for t in b), k  # still no label token in the input
+        (small if plain.label_of(k) == "N" else large).append(np.mean([abs(mid(t)) for t in b[wave]]))
+    assert small and np.median(small) < 0.1  # a normal beat is near its patient's template
+    with pytest.raises(ValueError, match="template_delta"):
+        ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), template_delta=True)
+    with pytest.raises(ValueError, match="show_template"):
+        ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), show_template=False)
+
+
+def test_premature_synth_makes_n_beats_early_labels_them_s_and_never_in_evaluation(hlm):
+    """A share p of the drawn N examples: same waveform, rr(i) at 0.55-0.85 of the context's median
+    cycle, a longer following interval, answer S. Other examples and evaluation are untouched."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+    from hlmtune.ecg_tokenizer.vocab import rr_edges
+
+    tk = hlm["tk"]
+    v = tk.vocab
+    e = [float(x) for x in rr_edges(tk.params)]
+    width = e[1] - e[0]
+    sec = lambda t: (e[t - v.rr_base] + e[t - v.rr_base + 1]) / 2  # noqa: E731
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=8, beat_samples=96)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    synth = ecg_beat_classification_dataset(tk, premature_synth=0.3, **kw)
+    s_id = v.label_base + v.classes.index("S")
+    changed = n_total = 0
+    for k in range(len(plain)):
+        a, b = plain.prompt(k), synth.prompt(k)
+        if plain.label_of(k) != "N":
+            assert b == a and synth.label_of(k) == plain.label_of(k)
+            continue
+        n_total += 1
+        if b == a and synth.label_of(k) == "N":
+            continue
+        changed += 1
+        assert not any(v.label_base <= t < v.rr_base for t in b), k  # the new label S is only the answer
+        item = synth[k]
+        assert synth.label_of(k) == "S" and item["tokens"][len(b)] == s_id and item["labels"][len(b)] == s_id
+        wave = slice(len(a) - 2 - 96, len(a) - 2)
+        assert b[wave] == a[wave] and b[: wave.start - 1] == a[: wave.start - 1] and b[-1] == a[-1]
+        ctx = [t for t in a[1 : wave.start - 2] + [a[wave.start - 1]] if v.rr_base <= t < v.rr_base + tk.params.rr_bins]
+        cycle = float(np.median([sec(t) for t in ctx]))
+        before, after = sec(b[wave.start - 1]), sec(b[-2])
+        lo, hi = min(0.55 * cycle, e[-1]), min(0.85 * cycle, e[-1])
+        assert lo - width <= before <= hi + width, (k, before, cycle)  # clipped to the RR grid's ends
+        assert after >= before
+    assert n_total > 50 and 0.2 < changed / n_total < 0.4
+    ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
+              classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True)
+    e1, e2 = _classification(tk, premature_synth=1.0, **ev), _classification(tk, **ev)
+    assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
+    with pytest.raises(ValueError, match="premature_synth"):
+        ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), classes=["N", "V"], premature_synth=0.2)
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates
