@@ -4,9 +4,8 @@ Runs the main job (``hlmtune demo``: tokenize -> pretrain -> LoRA -> eval) with 
 model on this machine's CPUs and prints per-class Se / +P / F1 and macro-F1 beside the
 published inter-patient baselines, the training wall time against the 30-minute budget, and
 the targets of the issue (V F1 >= 0.90, S F1 >= 0.60) as PASS / MISS. Nothing here is tuned on
-DS2: the settings are the shipped configs, fine-tuned on 24,000 examples instead of the demo's
-12,000 (more examples were better on held-out DS1 records, docs/hlm.md "Model selection"; the
-demo keeps 12,000 to finish in 15 minutes). Training stays inside the 30-minute budget.
+DS2: the settings are the shipped configs and the demo's (24,000 fine-tuning examples, chosen on
+held-out DS1 records, docs/hlm.md "Model selection"). Training stays inside the 30-minute budget.
 
     HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--pretrain-steps N]
 """
@@ -30,7 +29,7 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="MIT-BIH folder (default $HLM_DATA/mitdb)")
     ap.add_argument("--pretrain-steps", type=int, default=200)
     ap.add_argument("--finetune-examples", type=int, default=24000,
-                    help="LoRA examples (default 24,000: chosen on held-out DS1 records; make demo uses 12,000)")
+                    help="LoRA examples (default 24,000, as make demo: chosen on held-out DS1 records)")
     ap.add_argument("--model", default="hlm_1m")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")

@@ -149,6 +149,32 @@ def test_config_validates_for_its_recipe(name: str, load) -> None:
     validate_config(load(name), registry.CONFIGS[name])
 
 
+# Keys of the beat-classification builders that choose or draw training examples; every other
+# key shapes the prompt the model reads (a new builder key counts as a prompt key by default).
+ECG_DRAW_KEYS = {"split", "split_file", "records", "shards_dir", "classes", "balance", "num_examples", "seed",
+                 "random_test_fraction", "augment", "template_swap", "record_balance", "previous_swap",
+                 "premature_synth"}
+ECG_FINETUNE_CONFIGS = ("ecg_lora", "ecg_qlora", "ecg_dpo", "ecg_qat")
+
+
+def test_ecg_finetuning_configs_build_the_same_prompts(load) -> None:
+    """DPO starts from the LoRA classifier and must read its prompts; the four share one input design."""
+    import inspect
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset, ecg_beat_dpo_dataset
+
+    keys = set(inspect.signature(ecg_beat_classification_dataset).parameters) - {"tokenizer"} - ECG_DRAW_KEYS
+    assert keys == set(inspect.signature(ecg_beat_dpo_dataset).parameters) - {"tokenizer"} - ECG_DRAW_KEYS
+    assert {"context_beats", "template_beats", "template_delta", "next_rr"} <= keys
+    defaults = {k: p.default for k, p in inspect.signature(ecg_beat_classification_dataset).parameters.items()}
+    prompts = {}
+    for name in ECG_FINETUNE_CONFIGS:
+        ds = OmegaConf.to_container(load(name).dataset, resolve=True)
+        prompts[name] = {k: ds.get(k, defaults[k]) for k in sorted(keys)}
+    differ = {n: {k: v for k, v in p.items() if v != prompts["ecg_lora"][k]} for n, p in prompts.items()}
+    assert not any(differ.values()), f"prompt keys that differ from ecg_lora: {differ}"
+
+
 @pytest.mark.parametrize("name", ALL_CONFIGS)
 def test_header_documents_launch_and_overrides(name: str) -> None:
     header = _header(name)

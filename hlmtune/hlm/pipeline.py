@@ -14,7 +14,7 @@ Stages (each resumes: a finished stage is not redone unless ``--force``):
    the confusion matrix and the table beside the published baselines (PNG plots next to it).
 
 The path of the report is printed last. On 2 idle CPU cores with MIT-BIH the defaults take
-about 14.5 minutes (``README.md``, "Measured here").
+about 7 minutes (``README.md``, "Measured here").
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: float) -> st
 
 def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = 200,
-    finetune_examples: int = 12000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
+    finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
 ) -> Path:
     """Run every stage; returns the report path.
 
@@ -372,7 +372,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--nproc", type=int, default=2, help="CPU ranks for training")
     p.add_argument("--model", default="hlm_1m", help="hlm_1m, hlm_10m or hlm_100m")
     p.add_argument("--pretrain-steps", type=int, default=200, help="pretraining steps (8 x 512 tokens per rank each)")
-    p.add_argument("--finetune-examples", type=int, default=12000, help="LoRA fine-tuning examples from DS1")
+    p.add_argument("--finetune-examples", type=int, default=24000, help="LoRA fine-tuning examples from DS1")
     p.add_argument("--max-eval", type=int, default=None, help="evaluate only the first N test beats (smoke runs)")
     p.add_argument("--force", action="store_true", help="redo finished stages")
     p.set_defaults(func=_main)
