@@ -25,7 +25,9 @@ Inputs never hold the answer:
   the inter-patient feature sets (local RR average, prematurity) at one token per beat. Only
   ``LABEL`` is trained on. With the default 128-sample beats and 16 context beats an example
   is 149 tokens. ``template_beats`` puts the patient's typical beat (``t...t``, the median of
-  earlier beats, :func:`beat_templates`) right after ``<bos>``;
+  earlier beats, :func:`beat_templates`) right after ``<bos>``; ``template_delta`` shows the
+  target beat's samples minus it; ``premature_synth`` (training only) shows some N beats early
+  and labels them S;
 * atrial fibrillation (``ecg_af_dataset``): a segment of ``segment_beats`` consecutive beats
   (annotation shards: one symbol token per beat, the papers' first HLM; samples shards: the
   beats' RR tokens) then ``<af?>`` and the answer ``<af>``/``<not_af>`` from the rhythm
@@ -452,9 +454,10 @@ class ECGBeatClassificationDataset(Dataset):
         """Class name of example ``k`` (S for a synthetic premature beat)."""
         return "S" if self.synthetic[k] else self.vocab.classes[int(self.label[self.index[k]])]
 
-    # Intervals of a synthetic premature beat relative to the N beat's own cycle: an isolated
-    # atrial premature beat comes at 55-85% of the cycle and is followed by a pause longer than
-    # the cycle (1.05-1.5x) that is not fully compensatory (both together < 1.95 cycles).
+    # Intervals of a synthetic premature beat relative to the patient's cycle (the median RR of
+    # the prompt's context, see _premature): an isolated atrial premature beat comes at 55-85% of
+    # the cycle and is followed by a pause longer than the cycle (1.05-1.5x) that is not fully
+    # compensatory (both together < 1.95 cycles).
     PREMATURE_RATIO = (0.55, 0.85)
     PAUSE_RATIO = (1.05, 1.5)
 
@@ -952,7 +955,7 @@ def ecg_beat_classification_dataset(
             RR tokens must carry S.
         premature_synth (float): training only: probability that a drawn N example is shown
             as a supraventricular premature beat (its own normal waveform after an interval of
-            55-85% of its cycle, then a pause) and labelled S. By the AAMI definition an S beat
+            55-85% of the median cycle of its context, then a pause) and labelled S. By the AAMI definition an S beat
             is a normally conducted beat that comes early; DS1's recorded S beats come mostly
             from one patient (record 209), so without this the model learns that patient.
         show_template (bool): True (default) opens the prompt with the template of
