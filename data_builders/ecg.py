@@ -432,10 +432,12 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError(f"premature_synth turns N examples into S examples: classes {self.classes} need both")
         # (len,) examples shown as a synthetic premature beat and labelled S (drawn once: every epoch the same);
         # only N beats whose own interval is known (a record's first beat has none to shorten)
-        e = self.index
-        drawn_n = self.label[e] == (self.vocab.classes.index("N") if "N" in self.vocab.classes else -1)
-        known = np.array([int(self.rr_tokens[r][b]) < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
-        self.synthetic = drawn_n & known & (np.random.default_rng((self.seed, 3)).random(e.size) < float(premature_synth))
+        self.synthetic = np.zeros(self.index.size, bool)
+        if premature_synth:
+            e = self.index
+            known = np.array([self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
+            self.synthetic = ((self.label[e] == self.vocab.classes.index("N")) & known
+                              & (np.random.default_rng((self.seed, 3)).random(e.size) < float(premature_synth)))
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -461,28 +463,26 @@ class ECGBeatClassificationDataset(Dataset):
     PREMATURE_RATIO = (0.55, 0.85)
     PAUSE_RATIO = (1.05, 1.5)
 
-    def _premature(self, k: int, rr_tokens: Sequence[int], rr_next: int) -> Tuple[int, int]:
+    def _premature(self, k: int, rr_tokens: Sequence[int]) -> Tuple[int, int]:
         """RR tokens (before, after) of example ``k`` shown as a supraventricular premature beat.
 
         The waveform stays the N beat's own (normal conduction: what an S beat looks like);
         only its timing changes, so every training patient contributes S examples that are
         S by prematurity, not by the few patients with recorded S beats. The cycle is the
         median of the known intervals of the context and the beat (a beat right after an
-        ectopic one has a long interval of its own).
+        ectopic one has a long interval of its own); the draw in ``__init__`` takes only beats
+        whose own interval is known.
 
         Args:
             k (int): example index (seeds the draw).
             rr_tokens (Sequence[int]): RR tokens of the context beats and of the beat itself.
-            rr_next (int): the following RR token (kept when no interval is known).
 
         Returns:
             Tuple[int, int]: RR tokens before and after the beat.
         """
         edges = rr_edges(self.params)
         bins = np.asarray(rr_tokens, np.int64) - self.vocab.rr_base
-        bins = bins[(bins >= 0) & (bins < int(self.params.rr_bins))]
-        if bins.size == 0:
-            return int(rr_tokens[-1]), rr_next  # no known interval: nothing to shorten
+        bins = bins[(bins >= 0) & (bins < int(self.params.rr_bins))]  # known intervals (the beat's own at least)
         cycle = float(np.median(0.5 * (edges[bins] + edges[bins + 1])))  # s, bin middles
         rng = np.random.default_rng((self.seed, k, 4))
         pre = rng.uniform(*self.PREMATURE_RATIO)
@@ -529,7 +529,7 @@ class ECGBeatClassificationDataset(Dataset):
         ctx = rr[c0:j].tolist()  # earlier beats: RR only
         after = int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr
         if self.synthetic[k]:  # a normal beat made premature (label S): see _premature
-            beat[1], after = self._premature(k, ctx + [int(beat[1])], after)
+            beat[1], after = self._premature(k, ctx + [int(beat[1])])
         nxt = [after] if self.next_rr else []
         shown = tmpl.tolist() if self.show_template else []
         return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id]
