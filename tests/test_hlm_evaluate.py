@@ -71,6 +71,12 @@ def test_predict_batches_and_compiled_path_agree_with_one_by_one():
     assert got == ref
     got_c, off = ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=True)
     assert got_c == ref and 0 <= off <= len(prompts)
+    # the class log-probabilities an ensemble averages: the next token's, renormalized over choices
+    with torch.inference_mode():
+        ref_lp = torch.stack([torch.log_softmax(model(torch.tensor([p]))[0, -1, choices], -1) for p in prompts])
+    got, _, lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True)
+    assert got == ref and lp.shape == (len(prompts), len(choices))
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
 
 
 def test_predict_reads_every_query_position_of_a_window():

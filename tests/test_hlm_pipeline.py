@@ -16,11 +16,16 @@ QUICK = ["--source", "synthetic", "--pretrain-steps", "6", "--finetune-examples"
          "--max-eval", "96"]
 
 
+def losses_of(run: Path) -> list:
+    return [json.loads(x)["loss"] for x in (run / "metrics" / "steps.jsonl").read_text().splitlines()]
+
+
 def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     out = tmp_path / "demo"
     env = dict(os.environ, OMP_NUM_THREADS="2")
     env.pop("HLM_DATA", None)  # a newcomer's clone: no data folder
-    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK, "--seeds", "2"], capture_output=True, text=True,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = out / "report" / "report.md"
     assert proc.stdout.strip().endswith(f"report: {report}")
@@ -33,12 +38,19 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
         assert (out / "report" / png).stat().st_size > 1000
     m = json.loads((out / "report" / "metrics.json").read_text())
     assert m["n_examples"] == 96 and m["task"] == "beat"
+    # --seeds 2: two fine-tunes of one pretrained model (seed 1 differs: its own draw), one ensemble
+    assert [Path(w).parent.parent.name for w in m["ensemble"]] == ["lora", "lora_seed1"]
+    assert list(m["results"])[0] == "HLM ensemble of 2 runs (mean class log-prob)"
+    assert "an ensemble of 2 LoRA fine-tunes" in text and "| LoRA fine-tune seed 1 |" in text
+    assert losses_of(out / "runs" / "lora") != losses_of(out / "runs" / "lora_seed1")
     steps = [json.loads(x) for x in (out / "runs" / "pretrain" / "metrics" / "steps.jsonl").read_text().splitlines()]
     assert len(steps) == 6 and all("iteration_time_s" in s and "peak_rss_gib" in s for s in steps)
-    # a rerun keeps the trained stages and rebuilds the report
+    # a rerun keeps the trained stages and rebuilds the report; one seed is the first run alone
     proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pretrain: finished before, kept" in proc.stderr and "fine-tune: finished before, kept" in proc.stderr
+    m = json.loads((out / "report" / "metrics.json").read_text())
+    assert list(m["results"]) == ["HLM (this run)"] and m["ensemble"] == []
 
 
 def test_bad_flags_and_outputs_are_one_line(tmp_path):

@@ -175,3 +175,77 @@ def test_af_evaluation_reports_af_f1(lora_run, tmp_path):
     m = json.loads((tmp_path / "metrics.json").read_text())
     r = m["results"]["HLM (this run)"]
     assert m["task"] == "af" and m["classes"] == ["AF", "not AF"] and "af_f1" in r and m["baselines"] == []
+
+
+def _member(lora_run: Path, root: Path, *, noise: float, **dataset) -> Path:
+    """A second "run" of the same config: the LoRA run's merged weights plus seeded noise."""
+    import torch
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(lora_run / "torchtune_config.yaml")
+    cfg.output_dir = str(root)
+    for k, v in dataset.items():
+        cfg.dataset[k] = v
+    (root / "epoch_0").mkdir(parents=True)
+    OmegaConf.save(cfg, root / "torchtune_config.yaml")
+    sd = torch.load(lora_run / "epoch_0" / "model-00001-of-00001.bin", map_location="cpu", weights_only=True)
+    g = torch.Generator().manual_seed(3)
+    sd = {k: v + noise * v.std() * torch.randn(v.shape, generator=g) if v.is_floating_point() and v.numel() > 1 else v
+          for k, v in sd.items()}
+    torch.save(sd, root / "epoch_0" / "model-00001-of-00001.bin")
+    return root
+
+
+def test_ensemble_predicts_the_class_of_highest_mean_log_probability(lora_run, tmp_path):
+    """The ensemble's confusion matrix against a one-prompt-at-a-time reference over both models."""
+    import torch
+    from torchtune import config
+
+    from hlmtune.hlm import evaluate as ev
+
+    other = _member(lora_run, tmp_path / "seed1", noise=2.0)
+    m = _eval(lora_run, tmp_path / "eval", "--max-examples", "96", "--ensemble", str(other))
+    names = list(m["results"])
+    assert names == ["HLM ensemble of 2 runs (mean class log-prob)", "member 1 (run)", "member 2 (seed1)"]
+    assert m["ensemble"] == [str(lora_run / "epoch_0" / "model-00001-of-00001.bin"),
+                             str(other / "epoch_0" / "model-00001-of-00001.bin")]
+    # reference: each prompt alone through each model, log-softmax over the class tokens, mean, argmax
+    cfg = ev.load_run_config(str(lora_run), [])
+    _, ds, _ = ev._test_dataset(cfg, config.instantiate(cfg.tokenizer), "DS2")
+    classes = list(ds.classes)
+    choices = [ds.vocab.label_base + ds.vocab.classes.index(c) for c in classes]
+    n = m["n_examples"]
+    lps = []
+    for run in (lora_run, other):
+        model = ev.load_model(cfg, run / "epoch_0" / "model-00001-of-00001.bin")
+        with torch.inference_mode():
+            lps.append(torch.stack([torch.log_softmax(model(torch.tensor([ds.prompt(k)]))[0, -1, choices], -1)
+                                    for k in range(n)]))
+    truth = [classes.index(ds.label_of(k)) for k in range(n)]
+    want = [[0] * len(classes) for _ in classes]
+    for t, p in zip(truth, ((lps[0] + lps[1]) / 2).argmax(-1).tolist()):
+        want[t][p] += 1
+    assert m["results"][names[0]]["confusion"] == want
+    singles = [[[0] * len(classes) for _ in classes] for _ in lps]
+    for lp, conf in zip(lps, singles):
+        for t, p in zip(truth, lp.argmax(-1).tolist()):
+            conf[t][p] += 1
+    assert [m["results"][x]["confusion"] for x in names[1:]] == singles
+    assert singles[0] != singles[1]  # the members disagree somewhere: the mean decides something
+    assert "Mean over the 2 runs" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_ensemble_refuses_members_built_for_other_prompts_or_trained_on_test_records(shards, lora_run, tmp_path):
+    other = _member(lora_run, tmp_path / "ctx", noise=0.0, context_beats=3)
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--max-examples", "8", "--ensemble", str(other)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"--ensemble {other}: its test prompts differ" in proc.stderr and "dataset.context_beats" in proc.stderr
+    leaky = _member(lora_run, tmp_path / "leak", noise=0.0, records=[shards["test"][0]])
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--ensemble", str(leaky)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "read only by `hlmtune eval`" in proc.stderr
+    for bad, why in ((tmp_path, "not a run folder"), (lora_run, "already in the ensemble")):
+        proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--ensemble", str(bad)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr[-2000:]

@@ -15,6 +15,12 @@ Guards: the test records must not meet the run's training records (:func:`splits
 with ``split: random`` every report's first line says the numbers are not comparable.
 QAT runs (``--quantized``) are also evaluated through their int8/int4 export, beside the same
 model trained without fake quantization and quantized after training (``--ptq-run``).
+
+Ensembles (``--ensemble RUN ...``): runs trained for the same prompts (typically the same config
+with other seeds) each give their class-token log-probabilities, renormalized over the class
+tokens; the prediction is the class with the highest mean. Every member's training records are
+checked against the test split, its test prompts must be the first run's, and each member's own
+figures are reported beside the ensemble's.
 """
 
 from __future__ import annotations
@@ -146,7 +152,8 @@ def load_model(cfg: Any, weights: Path, *, quantizer_cfg: Any = None, quantized_
 
 
 def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, batch_size: int, desc: str,
-            compile: bool = False, positions: Optional[List[List[int]]] = None) -> Tuple[List[int], int]:
+            compile: bool = False, positions: Optional[List[List[int]]] = None,
+            return_logprobs: bool = False) -> Tuple[Any, ...]:
     """Greedy next token among ``choices`` at the query positions of every prompt, batched.
 
     By default the query is a prompt's last token; ``positions`` gives, per prompt, every
@@ -162,7 +169,9 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
 
     Returns:
         Tuple[List[int], int]: index into ``choices`` per query (prompt order, then position
-        order), and how many queries' unconstrained argmax was not one of ``choices``.
+        order), and how many queries' unconstrained argmax was not one of ``choices``; with
+        ``return_logprobs`` a third item, the (Q, len(choices)) float32 tensor of the next
+        token's log-probabilities renormalized over ``choices`` (what an ensemble averages).
     """
     import torch
     from tqdm import tqdm
@@ -176,6 +185,7 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     out = [0] * first[-1]
     off_vocab = 0
     choice_t = torch.tensor(list(choices))
+    logprobs = torch.zeros(first[-1], len(choices)) if return_logprobs else None
     fixed_width = max((len(p) for p in prompts), default=1)
     run = torch.compile(model, dynamic=False) if compile else model
     with torch.inference_mode(), tqdm(total=first[-1], desc=desc, unit="beat", file=sys.stderr, dynamic_ncols=True) as bar:
@@ -191,13 +201,17 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
             last = logits[rows, cols]  # (Q, V): the next-token distribution at each query
             free = last.argmax(-1)
             off_vocab += int((~torch.isin(free, choice_t)).sum())
-            pick = last[:, choice_t].argmax(-1).tolist()  # (Q,)
+            among = last[:, choice_t].float()  # (Q, C)
+            pick = among.argmax(-1).tolist()  # (Q,)
+            lp = torch.log_softmax(among, -1) if logprobs is not None else None
             k = 0
             for i in idx:
                 out[first[i] : first[i + 1]] = pick[k : k + len(positions[i])]
+                if lp is not None:
+                    logprobs[first[i] : first[i + 1]] = lp[k : k + len(positions[i])]
                 k += len(positions[i])
             bar.update(k)
-    return out, off_vocab
+    return (out, off_vocab, logprobs) if return_logprobs else (out, off_vocab)
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -242,6 +256,39 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
                                   stride_beats=ds.get("stride_beats"), balance=None, num_examples=None, seed=0)
         return "af", d, train_records
     raise ValueError(f"hlmtune eval evaluates the HLM's classification datasets; the config's dataset is {comp}")
+
+
+def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, split: str) -> List[str]:
+    """Refuse an ensemble member whose test prompts are not ``ds``'s; returns its training records.
+
+    The member's own test set is built from its own config (so its training records are checked
+    against the test split like the first run's); the two sets must hold the same prompts: the
+    same number of examples, and the same tokens at 257 spread-out examples (first and last
+    included).
+    """
+    from omegaconf import OmegaConf
+    from torchtune import config
+
+    mkind, mds, mtrain = _test_dataset(member_cfg, config.instantiate(member_cfg.tokenizer), split)
+
+    def probe(d: Any, k: int) -> List[int]:
+        return list(d.window(k)[0]) if kind == "stream" else list(d.prompt(k))
+
+    n = len(ds)
+    same = mkind == kind and len(mds) == n and all(
+        probe(ds, k) == probe(mds, k) for k in sorted({(n - 1) * j // 256 for j in range(257)}) if n)
+    if not same:
+        a = OmegaConf.to_container(cfg.dataset, resolve=True)
+        b = OmegaConf.to_container(member_cfg.dataset, resolve=True)
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if OmegaConf.to_container(cfg.tokenizer, resolve=True) != OmegaConf.to_container(member_cfg.tokenizer, resolve=True):
+            keys.append("tokenizer")
+        raise ValueError(
+            f"--ensemble {run}: its test prompts differ from those of {cfg.output_dir} "
+            f"(keys that differ: {', '.join(f'dataset.{k}' if k != 'tokenizer' else k for k in keys) or 'none'}); "
+            "an ensemble's runs must be trained for the same prompts"
+        )
+    return list(mtrain)
 
 
 # ----------------------------------------------------------------------------- report
@@ -317,7 +364,7 @@ def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title
 def evaluate(
     cfg: Any, *, split: str = "DS2", batch_size: int = 256, out_dir: Optional[Path] = None,
     quantized: bool = False, ptq_run: Optional[Path] = None, max_examples: Optional[int] = None,
-    compile: bool = False,
+    compile: bool = False, ensemble: Sequence[Path] = (),
 ) -> Dict[str, Any]:
     """Evaluate a trained HLM run and write its report.
 
@@ -332,6 +379,12 @@ def evaluate(
         max_examples (Optional[int]): evaluate only the first N test examples (smoke runs; the
             report says so).
         compile (bool): run the float model through ``torch.compile`` (see :func:`predict`).
+        ensemble (Sequence[Path]): output_dirs of more runs trained for the same prompts (e.g.
+            the same config with other seeds). The prediction is then the class with the highest
+            mean log-probability over ``cfg``'s run and these (each LM's next-token distribution
+            renormalized over the class tokens); each member's own figures are reported too.
+            Every member's training records are checked against the test split, and its test
+            prompts must be the first run's.
 
     Returns:
         Dict[str, Any]: what ``metrics.json`` holds.
@@ -343,8 +396,20 @@ def evaluate(
     from hlmtune.hlm import splits as sp
 
     torch.manual_seed(0)
+    if ensemble and quantized:
+        raise ValueError("--ensemble and --quantized do not combine: evaluate a QAT run's export on its own")
     tokenizer = config.instantiate(cfg.tokenizer)
     kind, ds, train_records = _test_dataset(cfg, tokenizer, split)
+    seen = {Path(cfg.output_dir).resolve()}
+    for d in ensemble:
+        if not (Path(d) / "torchtune_config.yaml").is_file():
+            raise FileNotFoundError(f"--ensemble {d}: not a run folder (no torchtune_config.yaml in it)")
+        if Path(d).resolve() in seen:
+            raise ValueError(f"--ensemble {d}: that run is already in the ensemble")
+        seen.add(Path(d).resolve())
+    members = [(Path(d), load_run_config(str(d), [])) for d in ensemble]
+    for d, mcfg in members:
+        train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
     random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
     positions: Optional[List[List[int]]] = None
     if kind == "stream":  # windows of consecutive beats, several classified beats each
@@ -376,6 +441,9 @@ def evaluate(
     output_dir = Path(cfg.output_dir)
     out = Path(out_dir) if out_dir is not None else output_dir / "eval"
     models: List[Tuple[str, Path, Any, bool]] = [("HLM (this run)", _last_export(output_dir), None, False)]
+    if members:
+        models = [(f"member {i + 1} ({d.name})", _last_export(d), None, False)
+                  for i, d in enumerate([output_dir, *(d for d, _ in members)])]
     if quantized:
         qfiles = sorted((output_dir / "quantized").glob("*.pt"))
         if not qfiles:
@@ -387,24 +455,34 @@ def evaluate(
     results: Dict[str, Dict[str, Any]] = {}
     if positions is not None:  # --batch-size counts classified beats: windows of ~(K - context) each
         batch_size = max(1, batch_size // max(1, ds.k - ds.context_beats))
-    for name, weights, qcfg, is_q in models:
-        model = load_model(cfg, weights, quantizer_cfg=qcfg, quantized_weights=is_q)
+    model_cfgs = [cfg, *(mcfg for _, mcfg in members)] if members else [cfg] * len(models)
+    logprobs = []
+    for (name, weights, qcfg, is_q), mcfg in zip(models, model_cfgs):
+        model = load_model(mcfg, weights, quantizer_cfg=qcfg, quantized_weights=is_q)
         try:
-            pred, off = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
-                                compile=compile and qcfg is None, positions=positions)
+            pred, off, lp = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
+                                    compile=compile and qcfg is None, positions=positions, return_logprobs=True)
         except Exception as e:  # inductor needs a C++ compiler; without one, eager gives the same answers
             if not (compile and qcfg is None):
                 raise
             print(f"hlmtune eval: torch.compile failed ({type(e).__name__}: {str(e)[:120]}); evaluating eagerly",
                   file=sys.stderr)
-            pred, off = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
-                                positions=positions)
+            pred, off, lp = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
+                                    positions=positions, return_logprobs=True)
+        logprobs.append(lp)
         m = confusion_matrix(truth, pred, len(classes))
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off})
         results[name] = r
         del model
-    first = results[models[0][0]] if not quantized else results[models[1][0]]
+    if members:  # the ensemble's row first: it is the result (report, README, benchmark)
+        pred = torch.stack(logprobs).mean(0).argmax(-1).tolist()  # (K, Q, C) -> (Q,)
+        m = confusion_matrix(truth, pred, len(classes))
+        r = summarize(m, classes)
+        r.update({"confusion": m, "classes": classes, "weights": [str(w) for _, w, _, _ in models],
+                  "off_vocabulary_argmax": None})  # no single LM's free argmax: see the members' rows
+        results = {f"HLM ensemble of {len(models)} runs (mean class log-prob)": r, **results}
+    first = results[models[1][0]] if quantized else next(iter(results.values()))
     notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
         f"Inter-patient evaluation: trained on {len(train_records)} records "
         f"({'DS1' if cfg.dataset.get('split_file') is None else 'split file DS1'}), tested on {split} (unseen patients)"
@@ -422,6 +500,7 @@ def evaluate(
         "results": results,
         "baselines": BASELINES if kind == "beat" else [],
         "config": {"model": str(cfg.model._component_), "dataset": str(cfg.dataset._component_)},
+        "ensemble": [str(w) for _, w, _, _ in models] if members else [],
     }
     if kind == "af":
         for r in results.values():
@@ -438,7 +517,10 @@ def evaluate(
     md = [f"**{notice}**{subset}", "", f"# HLM evaluation: {cfg.model._component_}", ""]
     for name, r in results.items():
         md += [f"## {name}", "", class_table(r), "",
-               f"Next token outside the class tokens (unconstrained argmax): {r['off_vocabulary_argmax']} of {r['n']}.", ""]
+               f"Next token outside the class tokens (unconstrained argmax): {r['off_vocabulary_argmax']} of {r['n']}."
+               if r["off_vocabulary_argmax"] is not None else
+               f"Mean over the {len(models)} runs below of each one's class-token log-probabilities; "
+               f"runs: {', '.join(f'`{w.parent.parent}`' for _, w, _, _ in models)}.", ""]
     if kind == "beat":
         md += ["## Beside the published inter-patient baselines (MIT-BIH DS1 -> DS2)", "",
                baseline_table(results), "",
@@ -479,6 +561,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-examples", type=int, default=None, help="only the first N test examples (smoke runs)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the float model (fixed-shape batches; pays off on the full DS2, ~50k beats)")
+    p.add_argument("--ensemble", type=Path, nargs="+", default=[], metavar="RUN",
+                   help="output_dirs of more runs trained for the same prompts (e.g. other seeds): predict the "
+                        "class with the highest mean log-probability over all runs; each run is reported too")
     p.set_defaults(func=_main)
 
 
@@ -511,7 +596,7 @@ def _main(args: argparse.Namespace) -> int:
         cfg = load_run_config(args.config, args.overrides)
         metrics = evaluate(cfg, split=args.split, batch_size=args.batch_size, out_dir=args.out,
                            quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples,
-                           compile=args.compile)
+                           compile=args.compile, ensemble=args.ensemble)
     except (FileNotFoundError, SplitError, ValueError) as e:
         print(f"hlmtune eval: {e}", file=sys.stderr)
         return 2

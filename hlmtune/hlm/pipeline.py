@@ -9,7 +9,10 @@ Stages (each resumes: a finished stage is not redone unless ``--force``):
 3. **pretrain**: ``ecg_pretrain`` with the pack's ``full_finetune_distributed`` (random init),
    ``--nproc`` CPU ranks, recorded by the profiling collector;
 4. **fine-tune**: ``ecg_lora`` (LoRA adapters for beat classes) from the pretrained weights;
-5. **evaluate**: ``hlmtune eval`` on DS2 (unseen patients);
+   with ``--seeds K``, K such runs that differ only in their seed (initialization, example
+   draw, augmentation);
+5. **evaluate**: ``hlmtune eval`` on DS2 (unseen patients); with ``--seeds K`` the K runs vote
+   as an ensemble (mean class log-probability, ``hlmtune eval --ensemble``);
 6. **report**: ``report/report.md`` with loss curves, iteration time and peak memory per step,
    the confusion matrix and the table beside the published baselines (PNG plots next to it).
 
@@ -223,6 +226,7 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: float) -> st
 def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = 200,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
+    seeds: int = 1,
 ) -> Path:
     """Run every stage; returns the report path.
 
@@ -236,6 +240,8 @@ def run_pipeline(
         max_eval (Optional[int]): evaluate only the first N DS2 beats (smoke runs).
         model (str): ``hlm_1m``, ``hlm_10m`` or ``hlm_100m``.
         force (bool): redo finished stages.
+        seeds (int): LoRA fine-tunes from the same pretrained model, seeds 0..K-1 (``runs/lora``,
+            ``runs/lora_seed1``, ...), evaluated as one ensemble when K > 1.
     """
     from hlmtune._io import atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
@@ -247,6 +253,8 @@ def run_pipeline(
     HLM_TOKENS = TokenizerParams(rr_bins=RR_BINS)
     if model not in ARCHS:
         raise ValueError(f"--model must be one of {sorted(ARCHS)}, got {model!r}")
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
     out = ensure_dir(out, "--out").resolve()
     t_all = time.perf_counter()
     timings: Dict[str, float] = {}
@@ -280,32 +288,44 @@ def run_pipeline(
     size = [f"model._component_=hlmtune.hlm.model.{model}"]
 
     # 3. pretrain, 4. LoRA fine-tune
-    pre, ft = out / "runs" / "pretrain", out / "runs" / "lora"
+    pre = out / "runs" / "pretrain"
+    fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}") for k in range(seeds)]
+    ft = fts[0]
     timings["pretrain"], redone = _train_stage(
         "pretrain", pre, pre / "epoch_0" / "model.pt", force, env,
         f"pretraining {model} for {pretrain_steps} steps on {nproc} CPU rank(s)",
         _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
                    [*common, *size, f"max_steps_per_epoch={pretrain_steps}"], pre),
     )
-    timings["finetune"], _ = _train_stage(
-        "fine-tune", ft, ft / "epoch_0" / "model-00001-of-00001.bin", force or redone, env,
-        f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples",
-        _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
-                   [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pre}",
-                    f"dataset.num_examples={finetune_examples}"], ft),
-    )
+    ft_s: List[float] = []  # wall time of each fine-tune
+    for k, run in enumerate(fts):
+        # Seed 0 keeps the config's own seeds (the single-model run is unchanged by --seeds).
+        seed = [f"seed={k}", f"dataset.seed={k}"] if k else []
+        took, _ = _train_stage(
+            "fine-tune" + (f" (seed {k})" if k else ""), run, run / "epoch_0" / "model-00001-of-00001.bin",
+            force or redone, env,
+            f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples"
+            + (f", seed {k} ({k + 1} of {seeds})" if seeds > 1 else ""),
+            _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
+                       [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pre}",
+                        f"dataset.num_examples={finetune_examples}", *seed], run),
+        )
+        ft_s.append(took)
+    timings["finetune"] = sum(ft_s)
 
     # 5. evaluate on DS2
     t0 = time.perf_counter()
-    _say("evaluating on DS2 (unseen patients)")
+    _say("evaluating on DS2 (unseen patients)" + (f": an ensemble of the {seeds} fine-tuned runs" if seeds > 1 else ""))
     cfg = load_run_config(str(ft), [])
     # ~50k DS2 beats x ~150 tokens: compiling once (about a minute) saves more than it costs.
-    metrics = evaluate(cfg, out_dir=out / "report", max_examples=max_eval, compile=max_eval is None or max_eval >= 10_000)
+    metrics = evaluate(cfg, out_dir=out / "report", max_examples=max_eval, compile=max_eval is None or max_eval >= 10_000,
+                       ensemble=fts[1:])
     timings["evaluate"] = time.perf_counter() - t0
 
     # 6. report
     report = out / "report"
-    runs = {"pretrain": _steps(pre), "LoRA fine-tune": _steps(ft)}
+    runs = {"pretrain": _steps(pre), **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r)
+                                          for k, r in enumerate(fts)}}
     plots = plot_training(runs, report)
     result = next(iter(metrics["results"].values()))
     timings["total"] = time.perf_counter() - t_all
@@ -314,7 +334,10 @@ def run_pipeline(
         "",
         "# Heart Language Model: main job report",
         "",
-        f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU).",
+        f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU)."
+        + (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of the same pretrained "
+           "model, predicting the class of highest mean log-probability; each run's own figures are in "
+           "`metrics.json`." if seeds > 1 else ""),
         "",
         "## Results on the test split",
         "",
@@ -335,7 +358,7 @@ def run_pipeline(
         "| stage | steps | first loss | last loss | median s/it | peak RSS GiB | wall s |",
         "|---|---|---|---|---|---|---|",
         _stage_summary("pretrain", runs["pretrain"], timings["pretrain"]),
-        _stage_summary("LoRA fine-tune", runs["LoRA fine-tune"], timings["finetune"]),
+        *[_stage_summary(name, steps, t) for (name, steps), t in zip(list(runs.items())[1:], ft_s)],
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
@@ -343,7 +366,8 @@ def run_pipeline(
         "",
         " | ".join(f"{k} {v:.0f}" for k, v in timings.items()),
         "",
-        f"Runs: `{pre}`, `{ft}`; per-step metrics in `<run>/metrics/steps.jsonl`; eval in `metrics.json`.",
+        f"Runs: {', '.join(f'`{r}`' for r in (pre, *fts))}; per-step metrics in `<run>/metrics/steps.jsonl`; "
+        "eval in `metrics.json`.",
         "",
     ]
     atomic_write_text(report / "report.md", "\n".join(lines))
@@ -373,6 +397,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default="hlm_1m", help="hlm_1m, hlm_10m or hlm_100m")
     p.add_argument("--pretrain-steps", type=int, default=200, help="pretraining steps (8 x 512 tokens per rank each)")
     p.add_argument("--finetune-examples", type=int, default=24000, help="LoRA fine-tuning examples from DS1")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="LoRA fine-tunes with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
+                        "and an evaluation pass, ~5 min with MIT-BIH on 2 cores)")
     p.add_argument("--max-eval", type=int, default=None, help="evaluate only the first N test beats (smoke runs)")
     p.add_argument("--force", action="store_true", help="redo finished stages")
     p.set_defaults(func=_main)
@@ -383,14 +410,14 @@ def _main(args: argparse.Namespace) -> int:
     from hlmtune.hlm.splits import SplitError
 
     for flag, v in (("--nproc", args.nproc), ("--pretrain-steps", args.pretrain_steps),
-                    ("--finetune-examples", args.finetune_examples)):
+                    ("--finetune-examples", args.finetune_examples), ("--seeds", args.seeds)):
         if v < 1:
             print(f"hlmtune demo: {flag} must be >= 1, got {v}", file=sys.stderr)
             return 2
     try:
         report = run_pipeline(out=Path(args.out), data=args.data, source=args.source, nproc=args.nproc,
                               pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples,
-                              max_eval=args.max_eval, model=args.model, force=args.force)
+                              max_eval=args.max_eval, model=args.model, force=args.force, seeds=args.seeds)
     except (OutputPathError, FileNotFoundError, SplitError, ValueError) as e:
         print(f"hlmtune demo: {e}", file=sys.stderr)
         return 2
