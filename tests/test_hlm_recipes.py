@@ -241,6 +241,10 @@ def test_ensemble_refuses_members_built_for_other_prompts_or_trained_on_test_rec
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"--ensemble {other}: its test prompts differ" in proc.stderr and "dataset.context_beats" in proc.stderr
+    # command-line overrides apply to every run of the ensemble: the member is then built alike
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "dataset.context_beats=16", "--max-examples", "8",
+                           "--out", str(tmp_path / "same"), "--ensemble", str(other)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     leaky = _member(lora_run, tmp_path / "leak", noise=0.0, records=[shards["test"][0]])
     proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--ensemble", str(leaky)],
                           capture_output=True, text=True)

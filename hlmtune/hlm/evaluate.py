@@ -364,7 +364,7 @@ def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title
 def evaluate(
     cfg: Any, *, split: str = "DS2", batch_size: int = 256, out_dir: Optional[Path] = None,
     quantized: bool = False, ptq_run: Optional[Path] = None, max_examples: Optional[int] = None,
-    compile: bool = False, ensemble: Sequence[Path] = (),
+    compile: bool = False, ensemble: Sequence[Path] = (), overrides: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Evaluate a trained HLM run and write its report.
 
@@ -385,6 +385,9 @@ def evaluate(
             renormalized over the class tokens); each member's own figures are reported too.
             Every member's training records are checked against the test split, and its test
             prompts must be the first run's.
+        overrides (Sequence[str]): the ``key=value`` overrides ``cfg`` was loaded with; they
+            apply to every ensemble member too (e.g. ``shards_dir=`` after the tokens moved),
+            except ``output_dir``, which is each member's own folder.
 
     Returns:
         Dict[str, Any]: what ``metrics.json`` holds.
@@ -407,7 +410,8 @@ def evaluate(
         if Path(d).resolve() in seen:
             raise ValueError(f"--ensemble {d}: that run is already in the ensemble")
         seen.add(Path(d).resolve())
-    members = [(Path(d), load_run_config(str(d), [])) for d in ensemble]
+    shared = [o for o in overrides if not o.split("=", 1)[0].strip().lstrip("+~").startswith("output_dir")]
+    members = [(Path(d), load_run_config(str(d), shared)) for d in ensemble]
     for d, mcfg in members:
         train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
     random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
@@ -550,7 +554,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", required=True,
                    help="the run's config: pack name (ecg_lora), YAML path, or a run's output_dir "
                         "(reads the torchtune_config.yaml the run wrote)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, as given to `hlmtune run` (e.g. output_dir=...)")
+    p.add_argument("overrides", nargs="*",
+                   help="key=value overrides, as given to `hlmtune run` (e.g. output_dir=...); with --ensemble they "
+                        "apply to every run (output_dir excepted)")
     p.add_argument("--split", default="DS2", help="test split (default DS2: MIT-BIH inter-patient test records)")
     p.add_argument("--batch-size", type=int, default=256, help="prompts per forward pass (default 256)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default <output_dir>/eval)")
@@ -596,7 +602,7 @@ def _main(args: argparse.Namespace) -> int:
         cfg = load_run_config(args.config, args.overrides)
         metrics = evaluate(cfg, split=args.split, batch_size=args.batch_size, out_dir=args.out,
                            quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples,
-                           compile=args.compile, ensemble=args.ensemble)
+                           compile=args.compile, ensemble=args.ensemble, overrides=args.overrides)
     except (FileNotFoundError, SplitError, ValueError) as e:
         print(f"hlmtune eval: {e}", file=sys.stderr)
         return 2
