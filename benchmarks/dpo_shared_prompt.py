@@ -14,8 +14,9 @@ when the layout is slower where the rule takes it. Shapes:
 * ``text``: a tiny Llama3 as ``benchmarks/peer_throughput.py --recipe dpo`` (4 layers x 256,
   vocab 768, LoRA r8 on q/v), 4 pairs of 256-token rows with a 64-token prompt, as that
   benchmark's rows;
-* ``ecg``: HLM-1M as ``configs/ecg_dpo.yaml`` (LoRA r16 on every linear), 16 pairs of a
-  213-token classification prompt + the class token + EOS, as the ECG DPO builder writes.
+* ``ecg``: the model section of ``configs/ecg_dpo.yaml`` (HLM-1M, its LoRA adapters; the
+  vocabulary of the default tokenizer, 384), 16 pairs of a 213-token classification prompt +
+  the class token + EOS, as the ECG DPO builder writes.
 
     .venv/bin/python benchmarks/dpo_shared_prompt.py [--shape text|ecg|both] [--pairs 12]
 """
@@ -30,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def _model(shape: str):
@@ -45,10 +47,14 @@ def _model(shape: str):
         m = lora_llama3(lora_attn_modules=["q_proj", "v_proj"], vocab_size=768, num_layers=4, num_heads=4,
                         num_kv_heads=2, embed_dim=256, max_seq_len=512, intermediate_dim=768, lora_rank=8,
                         lora_alpha=16)
-    else:  # hlm_1m's shape (hlmtune/hlm/model.py) with configs/ecg_dpo.yaml's adapters
-        m = lora_llama3(lora_attn_modules=["q_proj", "k_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True,
-                        apply_lora_to_output=True, vocab_size=384, num_layers=4, num_heads=4, num_kv_heads=4,
-                        embed_dim=128, max_seq_len=1024, intermediate_dim=384, lora_rank=16, lora_alpha=32)
+    else:  # the shipped ECG DPO model: its config's builder and adapters, no manifest needed
+        from omegaconf import OmegaConf
+        from torchtune import config
+
+        cfg = OmegaConf.load(ROOT / "configs" / "ecg_dpo.yaml").model
+        cfg.pop("manifest_path")
+        cfg.vocab_size = 384  # the default tokenizer's 303 tokens, padded (hlmtune/hlm/model.py)
+        m = config.instantiate(cfg)
     set_trainable_params(m, get_adapter_params(m))
     with torch.no_grad():
         for n, p in m.named_parameters():

@@ -9,11 +9,11 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torchtune import rlhf
+from torchtune.data import CROSS_ENTROPY_IGNORE_IDX as IGNORE
 
 from hlmtune.training.fastpath import target_positions_only
 from hlmtune.training.recipe import RecipeBase
 
-IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
 # Off switch of the shared-prompt layout (A/B measurements; same log-probs either way).
 SHARED_PROMPT = os.environ.get("HLM_DPO_SHARED_PROMPT", "1") != "0"
 # The layout is taken when its tokens are at most this share of the two-row batch's (padded).
