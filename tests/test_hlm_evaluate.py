@@ -113,7 +113,7 @@ def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
                 normalized_rr=32, normalize_amplitude=True, beat_samples=64, classes=["N", "V"])
     cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
                                         "augment": True, **keys}})
-    kind, ds, train = ev._test_dataset(cfg, tk, "DS2")
+    kind, ds, train, _ = ev._test_dataset(cfg, tk, "DS2")
     want = _classification(tk, split="DS2", records=None, balance=None, num_examples=None, seed=0,
                            random_test_fraction=0.2, evaluation=True, **keys)
     assert kind == "beat" and train == list(info["train"]) and len(ds) == len(want) > 0

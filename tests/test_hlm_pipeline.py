@@ -40,7 +40,7 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert m["n_examples"] == 96 and m["task"] == "beat"
     # --seeds 2: two fine-tunes of one pretrained model (seed 1 differs: its own draw), one ensemble
     assert [Path(w).parent.parent.name for w in m["ensemble"]] == ["lora", "lora_seed1"]
-    assert list(m["results"])[0] == "HLM ensemble of 2 runs (mean class log-prob)"
+    assert m["result"] == m["row_order"][0] == "HLM ensemble of 2 runs (mean class log-prob)"
     assert "an ensemble of 2 LoRA fine-tunes" in text and "| LoRA fine-tune seed 1 |" in text
     assert losses_of(out / "runs" / "lora") != losses_of(out / "runs" / "lora_seed1")
     steps = [json.loads(x) for x in (out / "runs" / "pretrain" / "metrics" / "steps.jsonl").read_text().splitlines()]
@@ -50,7 +50,7 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pretrain: finished before, kept" in proc.stderr and "fine-tune: finished before, kept" in proc.stderr
     m = json.loads((out / "report" / "metrics.json").read_text())
-    assert list(m["results"]) == ["HLM (this run)"] and m["ensemble"] == []
+    assert list(m["results"]) == ["HLM (this run)"] == m["row_order"] and m["ensemble"] == []
 
 
 def test_bad_flags_and_outputs_are_one_line(tmp_path):

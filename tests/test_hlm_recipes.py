@@ -196,23 +196,34 @@ def _member(lora_run: Path, root: Path, *, noise: float, **dataset) -> Path:
     return root
 
 
-def test_ensemble_predicts_the_class_of_highest_mean_log_probability(lora_run, tmp_path):
-    """The ensemble's confusion matrix against a one-prompt-at-a-time reference over both models."""
+def test_ensemble_predicts_the_class_of_highest_mean_log_probability(shards, lora_run, tmp_path):
+    """The ensemble's confusion matrix (and its calibrated one, and predictions.npz) against a
+    one-prompt-at-a-time reference over both models."""
+    import numpy as np
     import torch
     from torchtune import config
 
+    from hlmtune.hlm import calibrate as cal
     from hlmtune.hlm import evaluate as ev
 
     other = _member(lora_run, tmp_path / "seed1", noise=2.0)
-    m = _eval(lora_run, tmp_path / "eval", "--max-examples", "96", "--ensemble", str(other))
-    names = list(m["results"])
-    assert names == ["HLM ensemble of 2 runs (mean class log-prob)", "member 1 (run)", "member 2 (seed1)"]
+    cfg = ev.load_run_config(str(lora_run), [])
+    _, ds, _, _ = ev._test_dataset(cfg, config.instantiate(cfg.tokenizer), "DS2")
+    classes = list(ds.classes)
+    bias = [0.0, 1.5, -0.75, 0.5, 0.25][: len(classes)]
+    calibration = tmp_path / "calibration.json"
+    cal.write_calibration(calibration, classes=classes, bias=bias, records=shards["train"], source="test", summary={})
+    m = _eval(lora_run, tmp_path / "eval", "--max-examples", "96", "--ensemble", str(other),
+              "--calibration", str(calibration))
+    names = m["row_order"]
+    assert m["result"] == names[0] and sorted(m["results"]) == sorted(names)
+    assert names == ["HLM ensemble of 2 runs (mean class log-prob) + class bias fitted on DS1 CV",
+                     "HLM ensemble of 2 runs (mean class log-prob)", "member 1 (run)", "member 2 (seed1)"]
+    assert m["calibration"] == str(calibration)
+    names = names[1:]
     assert m["ensemble"] == [str(lora_run / "epoch_0" / "model-00001-of-00001.bin"),
                              str(other / "epoch_0" / "model-00001-of-00001.bin")]
     # reference: each prompt alone through each model, log-softmax over the class tokens, mean, argmax
-    cfg = ev.load_run_config(str(lora_run), [])
-    _, ds, _ = ev._test_dataset(cfg, config.instantiate(cfg.tokenizer), "DS2")
-    classes = list(ds.classes)
     choices = [ds.vocab.label_base + ds.vocab.classes.index(c) for c in classes]
     n = m["n_examples"]
     lps = []
@@ -233,6 +244,22 @@ def test_ensemble_predicts_the_class_of_highest_mean_log_probability(lora_run, t
     assert [m["results"][x]["confusion"] for x in names[1:]] == singles
     assert singles[0] != singles[1]  # the members disagree somewhere: the mean decides something
     assert "Mean over the 2 runs" in (tmp_path / "eval" / "report.md").read_text()
+    # calibrated: argmax of the mean plus the file's bias
+    calibrated = [[0] * len(classes) for _ in classes]
+    for t, p in zip(truth, (((lps[0] + lps[1]) / 2) + torch.tensor(bias)).argmax(-1).tolist()):
+        calibrated[t][p] += 1
+    assert m["results"][m["result"]]["confusion"] == calibrated != want
+    # predictions.npz: every row's log-probabilities per test beat, in the results' order
+    saved = np.load(tmp_path / "eval" / "predictions.npz")
+    assert saved["rows"].tolist() == m["row_order"] and saved["truth"].tolist() == truth
+    mean = ((lps[0] + lps[1]) / 2).numpy()
+    for got, ref in zip(saved["logprobs"], (mean + np.array(bias, dtype=np.float32), mean, lps[0].numpy(), lps[1].numpy())):
+        assert np.allclose(got, ref, atol=1e-4)
+    # a bias fitted on a test patient is refused before any model runs
+    cal.write_calibration(calibration, classes=classes, bias=bias, records=[shards["test"][0]], source="t", summary={})
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--calibration", str(calibration)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and shards["test"][0] in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_ensemble_refuses_members_built_for_other_prompts_or_trained_on_test_records(shards, lora_run, tmp_path):

@@ -1,4 +1,4 @@
-"""Subcommands of the Heart Language Model: ``hlmtune eval`` and ``hlmtune demo`` (the main job).
+"""Subcommands of the Heart Language Model: ``hlmtune eval``, ``hlmtune demo`` (the main job) and ``hlmtune cv``.
 
 Imports nothing heavy at module top (``hlmtune --help`` stays fast).
 """
@@ -9,8 +9,9 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    """Add ``eval`` and ``demo``."""
-    from hlmtune.hlm import evaluate, pipeline
+    """Add ``eval``, ``demo`` and ``cv``."""
+    from hlmtune.hlm import cv, evaluate, pipeline
 
     evaluate.register(subparsers)
     pipeline.register(subparsers)
+    cv.register(subparsers)

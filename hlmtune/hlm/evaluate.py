@@ -218,7 +218,7 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
 
 
 def _test_dataset(cfg: Any, tokenizer: Any, split: str):
-    """(kind, test dataset, training records) built from the run's dataset section."""
+    """(kind, test dataset, training records, test records) built from the run's dataset section."""
     from omegaconf import OmegaConf
 
     from hlmtune.data_builders import ecg as builders
@@ -233,6 +233,7 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
                                        available=available)
     if train_split == sp.RANDOM:
         test_split = sp.RANDOM  # the held-out beats of the same records
+        test = train_records
     else:
         test_split = split
         test = sp.resolve_records(split=split, records=None, split_file=ds.get("split_file"), available=available,
@@ -249,12 +250,12 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
         defaults = {k: p.default for k, p in inspect.signature(getattr(builders, comp)).parameters.items()
                     if p.default is not inspect.Parameter.empty}
         d = build(tokenizer, **{**defaults, **ds, "split": test_split, "records": None, "evaluation": True})
-        return kind, d, train_records
+        return kind, d, train_records, list(test)
     if comp == "ecg_af_dataset":
         recs = test if train_split != sp.RANDOM else train_records
         d = builders.ECGAFDataset(manifest, recs, segment_beats=ds.get("segment_beats", 41),
                                   stride_beats=ds.get("stride_beats"), balance=None, num_examples=None, seed=0)
-        return "af", d, train_records
+        return "af", d, train_records, list(recs)
     raise ValueError(f"hlmtune eval evaluates the HLM's classification datasets; the config's dataset is {comp}")
 
 
@@ -269,7 +270,7 @@ def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, spli
     from omegaconf import OmegaConf
     from torchtune import config
 
-    mkind, mds, mtrain = _test_dataset(member_cfg, config.instantiate(member_cfg.tokenizer), split)
+    mkind, mds, mtrain, _ = _test_dataset(member_cfg, config.instantiate(member_cfg.tokenizer), split)
 
     def probe(d: Any, k: int) -> List[int]:
         return list(d.window(k)[0]) if kind == "stream" else list(d.prompt(k))
@@ -292,6 +293,22 @@ def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, spli
 
 
 # ----------------------------------------------------------------------------- report
+
+
+def ordered_results(metrics: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """``metrics["results"]`` in the evaluation's row order (``metrics.json`` sorts its keys),
+    the headline row (``metrics["result"]``: calibrated, else the ensemble, else the run) first."""
+    res = metrics["results"]
+    order = [n for n in metrics.get("row_order", []) if n in res] or list(res)
+    head = metrics.get("result")
+    if head in res:
+        order = [head, *(n for n in order if n != head)]
+    return {n: res[n] for n in order}
+
+
+def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """The row an evaluation reports as its result (see :func:`ordered_results`)."""
+    return next(iter(ordered_results(metrics).values()))
 
 
 def _fmt(v: Optional[float], pct: bool = True) -> str:
@@ -365,6 +382,7 @@ def evaluate(
     cfg: Any, *, split: str = "DS2", batch_size: int = 256, out_dir: Optional[Path] = None,
     quantized: bool = False, ptq_run: Optional[Path] = None, max_examples: Optional[int] = None,
     compile: bool = False, ensemble: Sequence[Path] = (), overrides: Sequence[str] = (),
+    calibration: Optional[Path] = None,
 ) -> Dict[str, Any]:
     """Evaluate a trained HLM run and write its report.
 
@@ -388,6 +406,10 @@ def evaluate(
         overrides (Sequence[str]): the ``key=value`` overrides ``cfg`` was loaded with; they
             apply to every ensemble member too (e.g. ``shards_dir=`` after the tokens moved),
             except ``output_dir``, which is each member's own folder.
+        calibration (Optional[Path]): a class-bias file of ``hlmtune cv`` (fitted on DS1
+            out-of-fold predictions; refused when fitted on a test record): the prediction is
+            then ``argmax(log p + bias)`` of the run (or the ensemble's mean), reported first,
+            the uncalibrated rows after it.
 
     Returns:
         Dict[str, Any]: what ``metrics.json`` holds.
@@ -402,7 +424,7 @@ def evaluate(
     if ensemble and quantized:
         raise ValueError("--ensemble and --quantized do not combine: evaluate a QAT run's export on its own")
     tokenizer = config.instantiate(cfg.tokenizer)
-    kind, ds, train_records = _test_dataset(cfg, tokenizer, split)
+    kind, ds, train_records, test_records = _test_dataset(cfg, tokenizer, split)
     seen = {Path(cfg.output_dir).resolve()}
     for d in ensemble:
         if not (Path(d) / "torchtune_config.yaml").is_file():
@@ -442,6 +464,15 @@ def evaluate(
         classes = ["AF", "not AF"]
         choices = [ds.yes_id, ds.no_id]
         truth = [0 if ds.is_af(k) else 1 for k in range(n)]
+    bias = None
+    if calibration is not None:  # checked before any model runs: a bad file fails at once
+        from hlmtune.hlm.calibrate import apply_bias, load_calibration
+
+        if quantized:
+            raise ValueError("--calibration and --quantized do not combine: calibrate the float run")
+        if kind != "beat":
+            raise ValueError("--calibration applies to beat classification runs (hlmtune cv fits it)")
+        bias = load_calibration(Path(calibration), classes=classes, test_records=test_records)
     output_dir = Path(cfg.output_dir)
     out = Path(out_dir) if out_dir is not None else output_dir / "eval"
     models: List[Tuple[str, Path, Any, bool]] = [("HLM (this run)", _last_export(output_dir), None, False)]
@@ -479,13 +510,27 @@ def evaluate(
         r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off})
         results[name] = r
         del model
+    rows = [lp.numpy() for lp in logprobs]  # per result row, (Q, C): saved in predictions.npz
     if members:  # the ensemble's row first: it is the result (report, README, benchmark)
-        pred = torch.stack(logprobs).mean(0).argmax(-1).tolist()  # (K, Q, C) -> (Q,)
+        mean = torch.stack(logprobs).mean(0)  # (K, Q, C) -> (Q, C)
+        pred = mean.argmax(-1).tolist()
         m = confusion_matrix(truth, pred, len(classes))
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": [str(w) for _, w, _, _ in models],
                   "off_vocabulary_argmax": None})  # no single LM's free argmax: see the members' rows
         results = {f"HLM ensemble of {len(models)} runs (mean class log-prob)": r, **results}
+        rows = [mean.numpy(), *rows]
+    calibrated = None
+    if bias is not None:
+        pred = apply_bias(rows[0], bias).tolist()
+        m = confusion_matrix(truth, pred, len(classes))
+        r = summarize(m, classes)
+        r.update({"confusion": m, "classes": classes, "weights": next(iter(results.values()))["weights"],
+                  "off_vocabulary_argmax": None, "class_bias": dict(zip(classes, map(float, bias))),
+                  "calibration": str(calibration)})
+        calibrated = f"{next(iter(results))} + class bias fitted on DS1 CV"
+        results = {calibrated: r, **results}
+        rows = [rows[0] + bias[None, :].astype("float32"), *rows]
     first = results[models[1][0]] if quantized else next(iter(results.values()))
     notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
         f"Inter-patient evaluation: trained on {len(train_records)} records "
@@ -510,6 +555,18 @@ def evaluate(
         for r in results.values():
             r["af_f1"] = r["per_class"]["AF"]["f1"]
     out.mkdir(parents=True, exist_ok=True)
+    # Every row's class log-probabilities per test example (the calibrated row: + its bias), for
+    # pooling out-of-fold predictions (hlmtune cv) and for analysis; row order = results order.
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, truth=np.asarray(truth, dtype=np.int64), logprobs=np.stack(rows).astype(np.float32),
+             rows=np.array(list(results)), classes=np.array(classes))
+    atomic_write_bytes(out / "predictions.npz", buf.getvalue())
+    metrics["calibration"] = str(calibration) if calibrated else None
+    # metrics.json sorts its keys: these two keep the rows' order and name the headline row
+    metrics["row_order"] = list(results)
+    metrics["result"] = next(name for name, r in results.items() if r is first)
     atomic_write_bytes(out / "metrics.json", (json.dumps(metrics, indent=1, sort_keys=True) + "\n").encode())
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -523,6 +580,10 @@ def evaluate(
         md += [f"## {name}", "", class_table(r), "",
                f"Next token outside the class tokens (unconstrained argmax): {r['off_vocabulary_argmax']} of {r['n']}."
                if r["off_vocabulary_argmax"] is not None else
+               f"The row below with a class bias added to its log-probabilities "
+               f"({', '.join(f'{c} {b:+.2f}' for c, b in r['class_bias'].items())}), fitted on out-of-fold "
+               f"predictions for DS1 patients (`{r['calibration']}`), never on the test split."
+               if "class_bias" in r else
                f"Mean over the {len(models)} runs below of each one's class-token log-probabilities; "
                f"runs: {', '.join(f'`{w.parent.parent}`' for _, w, _, _ in models)}.", ""]
     if kind == "beat":
@@ -570,6 +631,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ensemble", type=Path, nargs="+", default=[], metavar="RUN",
                    help="output_dirs of more runs trained for the same prompts (e.g. other seeds): predict the "
                         "class with the highest mean log-probability over all runs; each run is reported too")
+    p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
+                   help="class-bias file of `hlmtune cv` (calibration.json, fitted on DS1 out-of-fold "
+                        "predictions): report argmax(log p + bias) first, the uncalibrated rows after it")
     p.set_defaults(func=_main)
 
 
@@ -602,15 +666,16 @@ def _main(args: argparse.Namespace) -> int:
         cfg = load_run_config(args.config, args.overrides)
         metrics = evaluate(cfg, split=args.split, batch_size=args.batch_size, out_dir=args.out,
                            quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples,
-                           compile=args.compile, ensemble=args.ensemble, overrides=args.overrides)
+                           compile=args.compile, ensemble=args.ensemble, overrides=args.overrides,
+                           calibration=args.calibration)
     except (FileNotFoundError, SplitError, ValueError) as e:
         print(f"hlmtune eval: {e}", file=sys.stderr)
         return 2
     print(metrics["notice"])
-    for name, r in metrics["results"].items():
+    for name, r in ordered_results(metrics).items():
         print(f"\n{name}")
-        print(class_table(r))
+        print(class_table(r, metrics["classes"]))
     if metrics["task"] == "beat":
-        print("\n" + baseline_table(metrics["results"]))
+        print("\n" + baseline_table(ordered_results(metrics)))
     print(f"\nreport: {Path(metrics['out_dir']) / 'report.md'}")
     return 0

@@ -226,7 +226,8 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: float) -> st
 def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = 200,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
-    seeds: int = 1,
+    seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
+    calibration: Optional[Path] = None,
 ) -> Path:
     """Run every stage; returns the report path.
 
@@ -242,12 +243,17 @@ def run_pipeline(
         force (bool): redo finished stages.
         seeds (int): LoRA fine-tunes from the same pretrained model, seeds 0..K-1 (``runs/lora``,
             ``runs/lora_seed1``, ...), evaluated as one ensemble when K > 1.
+        tokens_dir (Optional[Path]): where the tokens go (default ``out/tokens``; ``hlmtune cv``
+            shares one folder between its folds).
+        finetune_overrides (Sequence[str]): ``key=value`` overrides of the fine-tune(s).
+        calibration (Optional[Path]): class-bias file of ``hlmtune cv`` (fitted on DS1 only),
+            applied in the evaluation (``hlmtune eval --calibration``).
     """
     from hlmtune._io import atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
-    from hlmtune.hlm.evaluate import baseline_table, class_table, evaluate, load_run_config
+    from hlmtune.hlm.evaluate import baseline_table, class_table, evaluate, headline, load_run_config, ordered_results
     from hlmtune.hlm.model import ARCHS
 
     HLM_TOKENS = TokenizerParams(rr_bins=RR_BINS)
@@ -274,7 +280,7 @@ def run_pipeline(
 
     # 2. tokenize (resumes record by record)
     t0 = time.perf_counter()
-    tokens = out / "tokens"
+    tokens = Path(tokens_dir).resolve() if tokens_dir is not None else out / "tokens"
     summary = tokenize_directory(db, tokens, params=HLM_TOKENS, options=RecordOptions(), records=records,
                                  workers=min(2, os.cpu_count() or 1), progress=True)
     if not summary.ok:
@@ -298,36 +304,49 @@ def run_pipeline(
                    [*common, *size, f"max_steps_per_epoch={pretrain_steps}"], pre),
     )
     ft_s: List[float] = []  # wall time of each fine-tune
+    retrained = redone
     for k, run in enumerate(fts):
         # Seed 0 keeps the config's own seeds (the single-model run is unchanged by --seeds).
         seed = [f"seed={k}", f"dataset.seed={k}"] if k else []
-        took, _ = _train_stage(
+        took, ran = _train_stage(
             "fine-tune" + (f" (seed {k})" if k else ""), run, run / "epoch_0" / "model-00001-of-00001.bin",
             force or redone, env,
             f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples"
             + (f", seed {k} ({k + 1} of {seeds})" if seeds > 1 else ""),
             _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
                        [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pre}",
-                        f"dataset.num_examples={finetune_examples}", *seed], run),
+                        f"dataset.num_examples={finetune_examples}", *seed, *finetune_overrides], run),
         )
         ft_s.append(took)
+        retrained = retrained or ran
     timings["finetune"] = sum(ft_s)
 
-    # 5. evaluate on DS2
+    # 5. evaluate on DS2 (kept on rerun when no model changed and it was asked the same way)
     t0 = time.perf_counter()
-    _say("evaluating on DS2 (unseen patients)" + (f": an ensemble of the {seeds} fine-tuned runs" if seeds > 1 else ""))
-    cfg = load_run_config(str(ft), [])
-    # ~50k DS2 beats x ~150 tokens: compiling once (about a minute) saves more than it costs.
-    metrics = evaluate(cfg, out_dir=out / "report", max_examples=max_eval, compile=max_eval is None or max_eval >= 10_000,
-                       ensemble=fts[1:])
+    report = out / "report"
+    eval_stamp = report / STAGE_STAMP
+    asked = {"runs": [str(r) for r in fts], "max_eval": max_eval,
+             "calibration": str(Path(calibration).resolve()) if calibration else None,
+             "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
+    if (not force and not retrained and (report / "predictions.npz").is_file() and (report / "metrics.json").is_file()
+            and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) == asked):
+        _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
+        metrics = json.loads((report / "metrics.json").read_text())
+    else:
+        _say("evaluating on DS2 (unseen patients)" + (f": an ensemble of the {seeds} fine-tuned runs" if seeds > 1 else ""))
+        eval_stamp.unlink(missing_ok=True)
+        cfg = load_run_config(str(ft), [])
+        # ~50k DS2 beats x ~150 tokens: compiling once (about a minute) saves more than it costs.
+        metrics = evaluate(cfg, out_dir=report, max_examples=max_eval, compile=max_eval is None or max_eval >= 10_000,
+                           ensemble=fts[1:], calibration=calibration)
+        atomic_write_text(eval_stamp, json.dumps(asked, indent=1) + "\n")
     timings["evaluate"] = time.perf_counter() - t0
 
     # 6. report
-    report = out / "report"
     runs = {"pretrain": _steps(pre), **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r)
                                           for k, r in enumerate(fts)}}
     plots = plot_training(runs, report)
-    result = next(iter(metrics["results"].values()))
+    result = headline(metrics)
     timings["total"] = time.perf_counter() - t_all
     lines = [
         f"**{metrics['notice']}**",
@@ -337,7 +356,9 @@ def run_pipeline(
         f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU)."
         + (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of the same pretrained "
            "model, predicting the class of highest mean log-probability; each run's own figures are in "
-           "`metrics.json`." if seeds > 1 else ""),
+           "`metrics.json`." if seeds > 1 else "")
+        + (f" Decision: a per-class bias on the class log-probabilities fitted on DS1 out-of-fold predictions "
+           f"(`{calibration}`, `hlmtune cv`); the uncalibrated figures are in `metrics.json`." if calibration else ""),
         "",
         "## Results on the test split",
         "",
@@ -345,7 +366,7 @@ def run_pipeline(
         "",
         "## Beside the published inter-patient baselines (MIT-BIH DS1 -> DS2)",
         "",
-        baseline_table(metrics["results"]),
+        baseline_table(ordered_results(metrics)),
         "",
         "Baselines as the papers state them." + (
             " Ours here are on SYNTHETIC records: not comparable." if described.startswith("SYNTHETIC")
@@ -389,40 +410,59 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--out", default="outputs/demo", help="output folder")
-    p.add_argument("--data", default=None, help="WFDB folder (MIT-BIH, or synthetic with splits.json)")
+    add_job_arguments(p, out="outputs/demo", each="")
+    p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
+                   help="class-bias file of `hlmtune cv` (fitted on DS1 out-of-fold predictions), applied in the "
+                        "evaluation; the uncalibrated figures are reported beside it")
+    p.set_defaults(func=_main)
+
+
+def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> None:
+    """The flags ``hlmtune demo`` and ``hlmtune cv`` share (``each``: " per fold" for cv)."""
+    p.add_argument("--out", default=out, help="output folder")
+    p.add_argument("--data", default=None, help="WFDB folder (MIT-BIH, or a database with splits.json)")
     p.add_argument("--source", default="auto", choices=("auto", "mitdb", "download", "synthetic"),
                    help="where records come from when --data is not given")
     p.add_argument("--nproc", type=int, default=2, help="CPU ranks for training")
     p.add_argument("--model", default="hlm_1m", help="hlm_1m, hlm_10m or hlm_100m")
-    p.add_argument("--pretrain-steps", type=int, default=200, help="pretraining steps (8 x 512 tokens per rank each)")
-    p.add_argument("--finetune-examples", type=int, default=24000, help="LoRA fine-tuning examples from DS1")
+    p.add_argument("--pretrain-steps", type=int, default=200,
+                   help=f"pretraining steps{each} (8 x 512 tokens per rank each)")
+    p.add_argument("--finetune-examples", type=int, default=24000, help=f"LoRA fine-tuning examples from DS1{each}")
     p.add_argument("--seeds", type=int, default=1,
-                   help="LoRA fine-tunes with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
+                   help=f"LoRA fine-tunes{each} with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
                         "and an evaluation pass, ~5 min with MIT-BIH on 2 cores)")
-    p.add_argument("--max-eval", type=int, default=None, help="evaluate only the first N test beats (smoke runs)")
+    p.add_argument("--max-eval", type=int, default=None, help=f"evaluate only the first N test beats{each} (smoke runs)")
     p.add_argument("--force", action="store_true", help="redo finished stages")
-    p.set_defaults(func=_main)
 
 
-def _main(args: argparse.Namespace) -> int:
+def run_job(prog: str, args: argparse.Namespace, job: Any) -> int:
+    """Check the shared flags, run ``job()`` (returns the report path) and map errors to exit codes.
+
+    Returns:
+        int: 0 (the report path printed last), 2 (bad input: one line) or 1 (a stage failed).
+    """
     from hlmtune._io import OutputPathError
     from hlmtune.hlm.splits import SplitError
 
     for flag, v in (("--nproc", args.nproc), ("--pretrain-steps", args.pretrain_steps),
                     ("--finetune-examples", args.finetune_examples), ("--seeds", args.seeds)):
         if v < 1:
-            print(f"hlmtune demo: {flag} must be >= 1, got {v}", file=sys.stderr)
+            print(f"hlmtune {prog}: {flag} must be >= 1, got {v}", file=sys.stderr)
             return 2
     try:
-        report = run_pipeline(out=Path(args.out), data=args.data, source=args.source, nproc=args.nproc,
-                              pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples,
-                              max_eval=args.max_eval, model=args.model, force=args.force, seeds=args.seeds)
+        report = job()
     except (OutputPathError, FileNotFoundError, SplitError, ValueError) as e:
-        print(f"hlmtune demo: {e}", file=sys.stderr)
+        print(f"hlmtune {prog}: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        print(f"hlmtune demo: {e}", file=sys.stderr)
+        print(f"hlmtune {prog}: {e}", file=sys.stderr)
         return 1
     print(f"report: {report}")
     return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    return run_job("demo", args, lambda: run_pipeline(
+        out=Path(args.out), data=args.data, source=args.source, nproc=args.nproc, pretrain_steps=args.pretrain_steps,
+        finetune_examples=args.finetune_examples, max_eval=args.max_eval, model=args.model, force=args.force,
+        seeds=args.seeds, calibration=args.calibration))
