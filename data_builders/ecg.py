@@ -302,6 +302,27 @@ class _BeatTables:
         return state
 
 
+def rhythm_irregularity(intervals: np.ndarray) -> float:
+    """How irregular a run of RR intervals is: median |successive difference| / median interval.
+
+    Sinus rhythm changes little from beat to beat (a few percent of the cycle); atrial
+    fibrillation is irregularly irregular (successive differences of 10-30% of the cycle). The
+    median keeps one ectopic beat and its pause from making a regular rhythm look irregular.
+    Prematurity, and so a supraventricular premature beat, is defined against a regular
+    underlying rhythm: ``premature_max_irregularity`` synthesizes S beats only there.
+
+    Args:
+        intervals (np.ndarray): (n,) RR intervals in time order (any unit).
+
+    Returns:
+        float: the ratio; ``inf`` with fewer than 3 intervals (irregularity unknown).
+    """
+    x = np.asarray(intervals, dtype=np.float64)
+    if x.size < 3:
+        return float("inf")
+    return float(np.median(np.abs(np.diff(x))) / np.median(x))
+
+
 class ECGBeatClassificationDataset(Dataset):
     """One example per target beat: signal-only context and beat, then the AAMI class token.
 
@@ -341,6 +362,9 @@ class ECGBeatClassificationDataset(Dataset):
             (:meth:`_premature`).
         show_template (bool): whether the prompt opens with the template (False: the template
             only serves ``template_delta``).
+        premature_max_irregularity (Optional[float]): with ``premature_synth``, only N beats
+            whose context rhythm is regular are made premature: :func:`rhythm_irregularity` of
+            the context's intervals at most this (None: any context).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -369,6 +393,7 @@ class ECGBeatClassificationDataset(Dataset):
         template_delta: bool = False,
         premature_synth: float = 0.0,
         show_template: bool = True,
+        premature_max_irregularity: Optional[float] = None,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -438,6 +463,16 @@ class ECGBeatClassificationDataset(Dataset):
             known = np.array([self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
             self.synthetic = ((self.label[e] == self.vocab.classes.index("N")) & known
                               & (np.random.default_rng((self.seed, 3)).random(e.size) < float(premature_synth)))
+        if premature_max_irregularity is not None:
+            if not 0.0 < float(premature_max_irregularity) <= 10.0:
+                raise ValueError(f"premature_max_irregularity must be in (0, 10] or null, got {premature_max_irregularity}")
+            edges = rr_edges(params)
+            for k in np.flatnonzero(self.synthetic):  # the drawn beats only: a few thousand
+                r, b = int(self.rec[self.index[k]]), int(self.beat[self.index[k]])
+                bins = self.rr_tokens[r][max(0, b - self.context_beats) : b] - self.vocab.rr_base
+                bins = bins[(bins >= 0) & (bins < int(params.rr_bins))]  # the context's known intervals
+                mids = 0.5 * (edges[bins] + edges[bins + 1])  # s (relative with normalized_rr: a ratio is what counts)
+                self.synthetic[k] = rhythm_irregularity(mids) <= float(premature_max_irregularity)
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -865,7 +900,10 @@ def _classification(
     template_delta: bool = False,
     premature_synth: float = 0.0,
     show_template: bool = True,
+    premature_max_irregularity: Optional[float] = None,
 ) -> ECGBeatClassificationDataset:
+    if premature_max_irregularity is not None and not premature_synth:
+        raise ValueError("premature_max_irregularity limits premature_synth: it needs premature_synth > 0")
     manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
                                            split_file=split_file, seed=seed,
                                            random_test_fraction=random_test_fraction, evaluation=evaluation)
@@ -876,7 +914,7 @@ def _classification(
         template_beats=template_beats, template_swap=0.0 if evaluation else template_swap,
         record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap, next_rr=next_rr,
         template_delta=template_delta, premature_synth=0.0 if evaluation else premature_synth,
-        show_template=show_template,
+        show_template=show_template, premature_max_irregularity=premature_max_irregularity,
     )
 
 
@@ -905,6 +943,7 @@ def ecg_beat_classification_dataset(
     template_delta: bool = False,
     premature_synth: float = 0.0,
     show_template: bool = True,
+    premature_max_irregularity: Optional[float] = None,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -962,6 +1001,11 @@ def ecg_beat_classification_dataset(
             ``template_beats``; False keeps it out of the prompt (96 tokens fewer) and uses it
             only for ``template_delta``: the prompt then holds nothing that identifies the
             patient's usual beat shape.
+        premature_max_irregularity (Optional[float]): with ``premature_synth``: only N beats whose
+            context rhythm is regular, :func:`rhythm_irregularity` of the context's intervals at
+            most this, are made premature (None: any context). In atrial fibrillation every
+            interval is "early" or "late" and every beat is N: synthesizing S there teaches the
+            model to call fibrillating normal beats S.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -974,6 +1018,7 @@ def ecg_beat_classification_dataset(
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
+        premature_max_irregularity=premature_max_irregularity,
     )
 
 
@@ -1066,6 +1111,7 @@ def ecg_beat_dpo_dataset(
     template_delta: bool = False,
     premature_synth: float = 0.0,
     show_template: bool = True,
+    premature_max_irregularity: Optional[float] = None,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -1084,6 +1130,7 @@ def ecg_beat_dpo_dataset(
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
+        premature_max_irregularity=premature_max_irregularity,
     ))
 
 

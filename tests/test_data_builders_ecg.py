@@ -416,6 +416,53 @@ def test_premature_synth_makes_n_beats_early_labels_them_s_and_never_in_evaluati
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), classes=["N", "V"], premature_synth=0.2)
 
 
+def test_rhythm_irregularity_by_hand():
+    from hlmtune.data_builders.ecg import rhythm_irregularity
+
+    assert rhythm_irregularity([0.8, 0.8, 0.8, 0.8]) == 0.0
+    assert rhythm_irregularity([0.8, 1.0, 0.8, 1.0]) == pytest.approx(0.2 / 0.9)  # alternating: irregular
+    assert rhythm_irregularity([1.0, 1.0]) == float("inf")  # too few intervals to tell
+    # one premature beat and its pause in 16 regular intervals: still regular (the median ignores it)
+    assert rhythm_irregularity([1.0] * 7 + [0.6, 1.4] + [1.0] * 7) == 0.0
+
+
+def test_premature_synth_with_an_irregularity_limit_skips_irregular_contexts(hlm):
+    """With premature_max_irregularity, a synthetic S example's context rhythm is regular by a
+    slow reference; the limited draw is a subset of the unlimited one, which does reach irregular
+    contexts (atrial fibrillation in the records), so the limit changes something."""
+    import statistics
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.ecg_tokenizer.vocab import SEP_ID, rr_edges
+
+    tk = hlm["tk"]
+    v = tk.vocab
+    e = [float(x) for x in rr_edges(tk.params)]
+    sec = lambda t: (e[t - v.rr_base] + e[t - v.rr_base + 1]) / 2  # noqa: E731
+
+    def irregularity(prompt):  # the context RR tokens are the prompt's tokens before the target's <sep>
+        ctx = [sec(t) for t in prompt[1 : prompt.index(SEP_ID)] if v.rr_base <= t < v.rr_base + tk.params.rr_bins]
+        if len(ctx) < 3:
+            return float("inf")
+        return statistics.median(abs(b - a) for a, b in zip(ctx, ctx[1:])) / statistics.median(ctx)
+
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=8, beat_samples=96, premature_synth=0.5)
+    free = ecg_beat_classification_dataset(tk, **kw)
+    limited = ecg_beat_classification_dataset(tk, premature_max_irregularity=0.1, **kw)
+    fs, ls = np.flatnonzero(free.synthetic), np.flatnonzero(limited.synthetic)
+    assert set(ls) <= set(fs) and len(ls) > 20
+    assert all(irregularity(limited.prompt(k)) <= 0.1 + 1e-9 for k in ls)
+    dropped = sorted(set(fs) - set(ls))
+    assert len(dropped) > 5 and all(irregularity(free.prompt(k)) > 0.1 for k in dropped)
+    for k in dropped[:20]:  # not synthesized: the example is the plain N beat
+        assert limited.label_of(k) == "N" and limited.prompt(k) == ecg_beat_classification_dataset(
+            tk, **{**kw, "premature_synth": 0.0}).prompt(k)
+    with pytest.raises(ValueError, match="needs premature_synth"):
+        ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), premature_max_irregularity=0.1)
+    with pytest.raises(ValueError, match="premature_max_irregularity must be"):
+        ecg_beat_classification_dataset(tk, **{**kw, "premature_max_irregularity": -1})
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates

@@ -27,12 +27,13 @@ GRID = np.round(np.arange(-4.0, 4.0 + 1e-9, 0.25), 2)
 ROUNDS = 3  # coordinate-ascent sweeps; the fits seen converge in 2
 
 
-def macro_f1(truth: np.ndarray, pred: np.ndarray, n_classes: int) -> float:
-    """Mean F1 over the classes that have test examples (as ``evaluate.summarize``)."""
+def macro_f1(truth: np.ndarray, pred: np.ndarray, n_classes: int, scored: Optional[Sequence[int]] = None) -> float:
+    """Mean F1 over the classes that have test examples (as ``evaluate.summarize``); with
+    ``scored``, over those of the listed classes only."""
     truth = np.asarray(truth)
     pred = np.asarray(pred)
     f1s = []
-    for c in range(n_classes):
+    for c in (range(n_classes) if scored is None else scored):
         support = int((truth == c).sum())
         if not support:
             continue
@@ -48,7 +49,7 @@ def apply_bias(logprobs: np.ndarray, bias: Sequence[float]) -> np.ndarray:
 
 
 def fit_class_bias(logprobs: np.ndarray, truth: np.ndarray, *, grid: Sequence[float] = GRID,
-                   rounds: int = ROUNDS) -> np.ndarray:
+                   rounds: int = ROUNDS, scored: Optional[Sequence[int]] = None) -> np.ndarray:
     """The per-class bias (first class fixed at 0) maximising macro-F1 of ``argmax(logprobs + b)``.
 
     Coordinate ascent: each sweep sets every other class's bias, in turn, to the grid value of
@@ -60,6 +61,9 @@ def fit_class_bias(logprobs: np.ndarray, truth: np.ndarray, *, grid: Sequence[fl
         truth (np.ndarray): (Q,) true class indices.
         grid (Sequence[float]): candidate values of one class's bias.
         rounds (int): sweeps over the classes.
+        scored (Optional[Sequence[int]]): the classes whose F1 the objective averages and whose
+            bias moves (default: all); the others keep bias 0, e.g. a class whose examples come
+            from one or two patients, where a fitted bias would describe those patients.
 
     Returns:
         np.ndarray: (C,) float64 bias.
@@ -70,17 +74,16 @@ def fit_class_bias(logprobs: np.ndarray, truth: np.ndarray, *, grid: Sequence[fl
         raise ValueError(f"logprobs must be (Q, C) with Q = len(truth); got {lp.shape} and {truth.shape}")
     n = lp.shape[1]
     bias = np.zeros(n)
-    best = macro_f1(truth, apply_bias(lp, bias), n)
+    best = macro_f1(truth, apply_bias(lp, bias), n, scored)
     by_distance = sorted(grid, key=lambda g: (abs(g), g))  # ties keep the value nearest 0
+    movable = [c for c in range(1, n) if (truth == c).any() and (scored is None or c in scored)]
     for _ in range(rounds):
         moved = False
-        for c in range(1, n):
-            if not (truth == c).any():
-                continue
+        for c in movable:
             keep = bias[c]
             for g in by_distance:
                 bias[c] = g
-                f = macro_f1(truth, apply_bias(lp, bias), n)
+                f = macro_f1(truth, apply_bias(lp, bias), n, scored)
                 if f > best + 1e-12 or (abs(f - best) <= 1e-12 and abs(g) < abs(keep)):
                     best, keep, moved = f, g, moved or g != keep
             bias[c] = keep
@@ -89,11 +92,13 @@ def fit_class_bias(logprobs: np.ndarray, truth: np.ndarray, *, grid: Sequence[fl
     return bias
 
 
-def nested_predictions(folds: Sequence[Tuple[np.ndarray, np.ndarray]]) -> List[np.ndarray]:
+def nested_predictions(folds: Sequence[Tuple[np.ndarray, np.ndarray]], *,
+                       scored: Optional[Sequence[int]] = None) -> List[np.ndarray]:
     """Each fold's predictions with a bias fitted on the other folds only.
 
     Args:
         folds (Sequence[Tuple[np.ndarray, np.ndarray]]): per fold, (logprobs (Q_k, C), truth (Q_k,)).
+        scored (Optional[Sequence[int]]): as :func:`fit_class_bias`.
 
     Returns:
         List[np.ndarray]: per fold, the predicted class indices.
@@ -104,7 +109,7 @@ def nested_predictions(folds: Sequence[Tuple[np.ndarray, np.ndarray]]) -> List[n
     for k in range(len(folds)):
         lp = np.concatenate([f[0] for j, f in enumerate(folds) if j != k])
         tr = np.concatenate([f[1] for j, f in enumerate(folds) if j != k])
-        out.append(apply_bias(folds[k][0], fit_class_bias(lp, tr)))
+        out.append(apply_bias(folds[k][0], fit_class_bias(lp, tr, scored=scored)))
     return out
 
 
