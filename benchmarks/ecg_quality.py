@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 BUDGET_S = 30 * 60
-CALIBRATE_FOLDS = 0  # hlmtune cv folds before the DS2 run (0: no class-bias calibration)
 TARGETS = {"V": 0.90, "S": 0.60}
 
 
@@ -37,10 +36,6 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3,
                     help="LoRA fine-tunes (seeds 0..K-1) evaluated as one ensemble (hlmtune demo --seeds); "
                          "3 was chosen on two held-out DS1 folds (docs/hlm.md)")
-    ap.add_argument("--calibrate-folds", type=int, default=CALIBRATE_FOLDS,
-                    help="K > 0: first `hlmtune cv --folds K` on DS1 (one fine-tune per fold, the same settings), "
-                         "then DS2 with the class bias it fits (`--calibration`); its training counts against the "
-                         "budget. 0: no calibration")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")
     args = ap.parse_args()
@@ -48,48 +43,27 @@ def main() -> int:
         print("ecg_quality: needs MIT-BIH: set HLM_DATA (folder with mitdb/) or --data", file=sys.stderr)
         return 2
     from hlmtune.hlm.evaluate import BASELINES, baseline_table, class_table, headline, ordered_results
-    from hlmtune.hlm.cv import run_cv
     from hlmtune.hlm.pipeline import run_pipeline
 
     t0 = time.perf_counter()
-    calibration, cv_train_s, cv_doc = None, 0.0, None
-    if args.calibrate_folds:
-        cv_report = run_cv(out=args.out / "cv", data=args.data, source="mitdb", folds=args.calibrate_folds,
-                           nproc=args.nproc, model=args.model, pretrain_steps=args.pretrain_steps,
-                           finetune_examples=args.finetune_examples, force=args.force)
-        calibration = cv_report.parent / "calibration.json"
-        cv_doc = json.loads((cv_report.parent / "cv_metrics.json").read_text())
-        for k in range(1, args.calibrate_folds + 1):
-            t = json.loads((cv_report.parent / f"fold{k}" / "report" / "timings.json").read_text())
-            cv_train_s += t["pretrain"] + t["finetune"]
     report = run_pipeline(out=args.out, data=args.data, source="mitdb", nproc=args.nproc, model=args.model,
                           pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples, force=args.force,
-                          seeds=args.seeds, calibration=calibration)
+                          seeds=args.seeds)
     wall = time.perf_counter() - t0
     metrics = json.loads((report.parent / "metrics.json").read_text())
     timings = json.loads((report.parent / "timings.json").read_text())
     r = headline(metrics)
-    train_s = timings["pretrain"] + timings["finetune"] + cv_train_s
+    train_s = timings["pretrain"] + timings["finetune"]
     print(metrics["notice"])
     print(f"model {args.model}, {args.nproc} CPU ranks, pretrain {args.pretrain_steps} steps, "
           f"fine-tune {args.finetune_examples} examples"
           + (f" x {args.seeds} seeds (ensemble; each run's own figures in metrics.json)" if args.seeds > 1 else "")
           + f"; cpus={os.cpu_count()}, load average {os.getloadavg()[0]:.1f} at the end")
-    if cv_doc is not None:
-        print(f"class bias fitted on {args.calibrate_folds}-fold CV inside DS1 (hlmtune cv, {args.out / 'cv'}): "
-              + ", ".join(f"{c} {b:+.2f}" for c, b in cv_doc["class_bias"].items())
-              + f"; DS1 out-of-fold macro-F1 {cv_doc['cv_macro_f1_uncalibrated']:.3f} uncalibrated, "
-              f"{cv_doc['cv_macro_f1_nested_calibration']:.3f} with a bias fitted on the other folds (nested)")
-        print(f"DS2, uncalibrated ({metrics['row_order'][1]}): macro-F1 "
-              f"{metrics['results'][metrics['row_order'][1]]['macro_f1']:.3f}; calibrated below")
     print(class_table(r, metrics["classes"]))
     print()
     print(baseline_table(ordered_results(metrics)))
     print()
     print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
-    if cv_train_s:
-        print(f"training includes the cross-validation's {args.calibrate_folds} pretrain + fine-tune runs: "
-              f"{cv_train_s / 60:.1f} min")
     if min(timings["pretrain"], timings["finetune"]) < 1.0:  # a stage kept from an earlier run takes no time
         print(f"training: not timed (stages kept from an earlier run in {args.out}; --force retrains and times "
               f"them); whole job {wall / 60:.1f} min")

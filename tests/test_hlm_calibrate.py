@@ -58,6 +58,19 @@ def test_a_class_without_examples_keeps_bias_zero_and_ties_stay_at_zero():
     assert cal.fit_class_bias(lp, truth).tolist() == [0.0, 0.0, 0.0]
 
 
+def test_scored_classes_alone_count_and_move():
+    lp, truth = _toy(3000, seed=6)
+    b = cal.fit_class_bias(lp, truth, scored=[0, 1])
+    assert b[2] == 0.0 and b[1] != 0.0  # class 2 is not scored: its bias stays
+    got = cal.macro_f1(truth, cal.apply_bias(lp, b), 3, scored=[0, 1])
+    assert got == pytest.approx(max(cal.macro_f1(truth, cal.apply_bias(lp, (0.0, a, 0.0)), 3, scored=[0, 1])
+                                    for a in cal.GRID))
+    # the scored objective is the mean F1 of the listed classes only
+    pred = lp.argmax(1)
+    per = ev.summarize(ev.confusion_matrix(truth.tolist(), pred.tolist(), 3), ["N", "S", "V"])["per_class"]
+    assert cal.macro_f1(truth, pred, 3, scored=[0, 1]) == pytest.approx((per["N"]["f1"] + per["S"]["f1"]) / 2)
+
+
 def test_nested_predictions_never_use_the_predicted_folds_labels():
     folds = [_toy(800, seed=s) for s in (3, 4, 5)]
     preds = cal.nested_predictions(folds)

@@ -49,7 +49,8 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     env = dict(os.environ, OMP_NUM_THREADS="2")
     env.pop("HLM_DATA", None)
     cmd = [HLMTUNE, "cv", "--out", str(out), "--source", "synthetic", "--folds", "2", "--pretrain-steps", "4",
-           "--finetune-examples", "64", "--nproc", "1", "--max-eval", "150", "model.lora_rank=4"]
+           "--finetune-examples", "64", "--nproc", "1", "--max-eval", "150", "model.lora_rank=4",
+           "--calibrate-classes", "N", "S", "V"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith(f"report: {out / 'report.md'}")
@@ -78,8 +79,10 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert doc["pooled"]["n"] == 300
     # calibration.json: the bias fitted on the pooled out-of-fold predictions, usable by eval
     bias = cal.load_calibration(out / "calibration.json", classes=doc["classes"], test_records=ds1["DS2"])
-    assert np.allclose(bias, cal.fit_class_bias(np.concatenate(lps), np.concatenate(truths)))
-    nested = cal.nested_predictions(list(zip(lps, truths)))
+    scored = [doc["classes"].index(c) for c in ("N", "S", "V")]
+    assert doc["calibrate_classes"] == ["N", "S", "V"] and bias[doc["classes"].index("F")] == 0.0
+    assert np.allclose(bias, cal.fit_class_bias(np.concatenate(lps), np.concatenate(truths), scored=scored))
+    nested = cal.nested_predictions(list(zip(lps, truths)), scored=scored)
     assert doc["cv_macro_f1_nested_calibration"] == pytest.approx(
         cal.macro_f1(np.concatenate(truths), np.concatenate(nested), len(doc["classes"])))
     report = (out / "report.md").read_text()
@@ -92,7 +95,8 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
 
 
 def test_bad_cv_arguments_are_one_line(tmp_path):
-    for args in (["--folds", "1", "--source", "synthetic"], ["--nproc", "0"], ["notakeyvalue"], ["lora_rank=4"]):
+    for args in (["--folds", "1", "--source", "synthetic"], ["--nproc", "0"], ["notakeyvalue"], ["lora_rank=4"],
+                 ["--calibrate-classes", "N", "X"]):
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
