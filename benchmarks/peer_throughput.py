@@ -22,14 +22,19 @@ order), so a shared host's load drifts hit every framework alike; the median rep
 Rows come from the real alpaca-cleaned sample when $HLM_DATA/text (or --data) has it, else
 from uniform random tokens (--synthetic forces that).
 
---pack-set KEY=VALUE adds a config override for the pack only (e.g. compile=True for the
-"shipped defaults" comparison); the first step (compile time) is then reported separately.
+--pack-set KEY=VALUE adds a config override for the pack only (e.g. compile=True); the first
+step (compile time) is then reported separately. --pack-defaults --peer-defaults is the
+"shipped defaults" comparison: every framework at the speed/memory knobs (activation
+checkpointing, compile, fused optimizer) of the Llama3-8B config it ships for the recipe
+(the pack: configs/llama3_8b_*.yaml; torchtune: its single-device config, read from the
+installed package; TRL: activation checkpointing on), same model, data, batch and fp32.
 
 Usage:
   python benchmarks/peer_throughput.py                       # LoRA, small model, ~3 min on 2 cores
   python benchmarks/peer_throughput.py --recipe dpo
   python benchmarks/peer_throughput.py --recipe qlora        # pack and torchtune (TRL: CUDA only)
   python benchmarks/peer_throughput.py --ecg
+  python benchmarks/peer_throughput.py --pack-defaults --peer-defaults   # shipped defaults
   python benchmarks/peer_throughput.py --layers 8 --dim 512 --intermediate 1536 --seq-len 512 --steps 20
 """
 
@@ -103,7 +108,8 @@ def summarize(steps: List[Dict[str, float]], warmup: int, tokens_per_step: float
     return {"median_s": statistics.median(timed), "tok_s": tokens_per_step * len(timed) / sum(timed),
             "cpu_median_s": statistics.median(cpu) if cpu else float("nan"),
             "tok_cpu_s": tokens_per_step * len(cpu) / sum(cpu) if cpu else float("nan"),
-            "rss": rss, "loss1": steps[0]["loss"], "first_s": steps[0]["first_s"], "n": len(timed)}
+            "rss": rss, "loss1": steps[0]["loss"], "first_s": steps[0]["first_s"], "n": len(timed),
+            "losses": [s["loss"] for s in steps]}
 
 
 def build_rows(args, work: Path, assets: Dict[str, object]) -> Path:
@@ -204,6 +210,22 @@ def ecg_setup(args, work: Path) -> List[str]:
             "metric_logger.log_dir=${output_dir}/metrics"]
 
 
+def shipped_defaults(args) -> tuple:
+    """Overrides (``key=value``) for the pack and for torchtune under --pack-defaults / --peer-defaults."""
+    from hlmtune.peers import SHIPPED_CONFIGS, shipped_knobs, torchtune_config_file
+
+    if args.ecg:
+        return [], []
+    pack_cfg, tt_cfg = SHIPPED_CONFIGS[args.recipe]
+
+    def as_overrides(knobs: Dict[str, object]) -> List[str]:
+        return [f"{k}={v}" for k, v in knobs.items()]
+
+    pack = as_overrides(shipped_knobs(ROOT / "configs" / pack_cfg)) if args.pack_defaults else []
+    tt = as_overrides(shipped_knobs(torchtune_config_file(tt_cfg))) if args.peer_defaults else []
+    return pack, tt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="lora", help="lora (default), qlora or dpo")
@@ -229,8 +251,12 @@ def main() -> None:
     ap.add_argument("--pack-set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for the pack only (repeatable), e.g. compile=True")
     ap.add_argument("--peer-defaults", action="store_true",
-                    help="peers at their own defaults where those differ from the settings above (TRL: activation "
-                         "checkpointing on); precision stays fp32. torchtune's recipes default to what the config says")
+                    help="peers at their own shipped defaults: torchtune at the speed/memory knobs of its Llama3-8B "
+                         "single-device config for the recipe (activation checkpointing, compile, fused optimizer: "
+                         "read from the installed torchtune), TRL with activation checkpointing (its default); "
+                         "model, data, batch and precision (fp32) stay the same")
+    ap.add_argument("--pack-defaults", action="store_true",
+                    help="the pack at the same knobs of its own Llama3-8B config for the recipe (configs/llama3_8b_*)")
     ap.add_argument("--batch-size-ecg", type=int, default=32, help="--ecg: batch size (default 32, as configs/ecg_lora.yaml)")
     ap.add_argument("--ecg-records", type=int, default=4, help="--ecg: records to tokenize, the last one held out as DS2 (default 4)")
     ap.add_argument("--ecg-seconds", type=int, default=120, help="--ecg: seconds per record (default 120)")
@@ -289,15 +315,20 @@ def main() -> None:
                            "--lora-alpha", str(2 * args.lora_rank), "--targets", "q_proj,v_proj"]
                 if args.peer_defaults:
                     trl_cmd.append("--activation-checkpointing")
+    pack_knobs, tt_knobs = shipped_defaults(args)
     if "pack" in wanted:
-        runs["pack"] = [HLMTUNE, "run", "--nproc_per_node", "1", pack_recipe, "--config", cfg_path, *overrides, *args.pack_set]
+        runs["pack"] = [HLMTUNE, "run", "--nproc_per_node", "1", pack_recipe, "--config", cfg_path, *overrides,
+                        *pack_knobs, *args.pack_set]
     if "torchtune" in wanted:
-        runs["torchtune"] = [TUNE, "run", tt_recipe, "--config", cfg_path, *overrides]
+        runs["torchtune"] = [TUNE, "run", tt_recipe, "--config", cfg_path, *overrides, *tt_knobs]
     if trl_cmd is not None:
         runs["trl"] = trl_cmd
     print(f"setup: {what}; {args.steps} steps, first {args.warmup} untimed, {args.repeats} interleaved repeats"
           + (f"; pack overrides: {' '.join(args.pack_set)}" if args.pack_set else "")
-          + ("; peers at their defaults (TRL: activation checkpointing)" if args.peer_defaults else ""), flush=True)
+          + ("; peers at their shipped defaults (TRL: activation checkpointing; torchtune: "
+             + (" ".join(tt_knobs) or "none") + ")" if args.peer_defaults else "")
+          + ("; pack at its shipped defaults (" + (" ".join(pack_knobs) or "none") + ")" if args.pack_defaults else ""),
+          flush=True)
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at start; work dir {work}", flush=True)
 
     from hlmtune.peers import peak_rss_gib_of
@@ -347,6 +378,12 @@ def main() -> None:
         ok &= same
         print(f"first-step loss {n} vs {names[0]}: {l1:.6f} vs {ref:.6f}: {'identical within' if same else 'DIFFERS beyond'} "
               f"rtol {args.loss_rtol}")
+    for n in names[1:]:  # the whole curve, not only step 1: implementation choices must keep it
+        a, b = results[names[0]][0]["losses"], results[n][0]["losses"]
+        pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+        if pairs:
+            dev = max(abs(x - y) / max(abs(y), 1e-12) for x, y in pairs)
+            print(f"loss curve {names[0]} vs {n} ({len(pairs)} steps, first repeat): max relative difference {dev:.2e}")
     if args.recipe == "dpo" and not args.ecg:
         print("note: DPO's first-step loss is ln 2 in every framework (LoRA B = 0: policy = reference); "
               "it checks the DPO loss and the reference path, the SFT runs check the model and the tokens")

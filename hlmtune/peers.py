@@ -34,6 +34,56 @@ IGNORE_INDEX = -100
 SFT_KEYS = ("tokens", "labels")
 DPO_KEYS = ("chosen_tokens", "chosen_labels", "rejected_tokens", "rejected_labels")
 
+# "Shipped defaults" (benchmarks/peer_throughput.py --peer-defaults / --pack-defaults): the
+# implementation choices each framework makes in the Llama3-8B config a user starts from. Only
+# knobs that change speed or memory, never the model, data, batch or precision.
+SHIPPED_CONFIGS = {  # --recipe: (the pack's config, torchtune's config as `tune cp` names it)
+    "lora": ("llama3_8b_lora_alpaca.yaml", "llama3/8B_lora_single_device"),
+    "qlora": ("llama3_8b_qlora_alpaca.yaml", "llama3/8B_qlora_single_device"),
+    "dpo": ("llama3_8b_lora_dpo_hh_rlhf.yaml", "llama3_1/8B_lora_dpo_single_device"),
+}
+DEFAULT_KNOBS = ("enable_activation_checkpointing", "enable_activation_offloading", "compile", "optimizer.fused")
+CUDA_ONLY_KNOBS = ("enable_activation_offloading",)
+
+
+def torchtune_config_file(name: str) -> Path:
+    """The YAML torchtune ships for a config name (``tune cp`` copies it), e.g. ``llama3/8B_lora_single_device``."""
+    import torchtune
+
+    path = Path(torchtune.__file__).resolve().parent.parent / "recipes" / "configs" / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"torchtune config {name!r} not found at {path} (is torchtune 0.6.1 installed?)")
+    return path
+
+
+def shipped_knobs(config_file: str | os.PathLike, device: str = "cpu") -> Dict[str, Any]:
+    """The :data:`DEFAULT_KNOBS` a config file sets, as ``{dotted key: value}``.
+
+    CUDA-only knobs set to True are left out on another device (torchtune's recipes refuse
+    activation offloading on CPU).
+
+    Args:
+        config_file (str | os.PathLike): a YAML config.
+        device (str): where the benchmark runs.
+
+    Returns:
+        Dict[str, Any]: the knobs present in the file.
+    """
+    import yaml
+
+    data = yaml.safe_load(Path(config_file).read_text()) or {}
+    out: Dict[str, Any] = {}
+    for key in DEFAULT_KNOBS:
+        node: Any = data
+        for part in key.split("."):
+            node = node.get(part, None) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        if key in CUDA_ONLY_KNOBS and node is True and device != "cuda":
+            continue
+        out[key] = node
+    return out
+
 
 def write_rows(path: str | os.PathLike, arrays: Dict[str, np.ndarray]) -> Path:
     """Write a row file atomically.

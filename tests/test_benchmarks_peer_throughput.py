@@ -31,7 +31,8 @@ def _run(args, tmp_path):
 @pytest.mark.slow
 def test_peer_benchmark_smoke(tmp_path):
     frameworks = "pack,torchtune,trl" if _trl_installed() else "pack,torchtune"
-    proc = _run([*TOY, "--frameworks", frameworks], tmp_path)
+    # Shipped defaults: each framework at the speed knobs of its own Llama3-8B config.
+    proc = _run([*TOY, "--frameworks", frameworks, "--pack-defaults", "--peer-defaults"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
     names = frameworks.split(",")
@@ -41,6 +42,11 @@ def test_peer_benchmark_smoke(tmp_path):
         assert re.search(rf"first-step loss {name} vs pack: .* identical within rtol", out), out
         assert re.search(rf"pack / {name}: speed [\d.]+x \(wall\), [\d.]+x \(CPU time\), peak RSS [\d.]+x", out), out
     assert "pack vs faster peer" in out
+    assert "torchtune: enable_activation_checkpointing=True" in out  # read from torchtune's own 8B config
+    assert "pack at its shipped defaults (enable_activation_checkpointing=auto" in out
+    for name in names[1:]:  # checkpointing and fused AdamW change time, not the loss curve
+        dev = re.search(rf"loss curve pack vs {name} \(3 steps, first repeat\): max relative difference (\S+)", out)
+        assert dev and float(dev.group(1)) < 1e-3, out
     # The shared rows and the one config both frameworks ran.
     assert (tmp_path / "work" / "rows.npz").is_file() and (tmp_path / "work" / "config.yaml").is_file()
 

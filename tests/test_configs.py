@@ -234,7 +234,7 @@ def test_8b_defaults(name: str, load) -> None:
         "device": "cuda",
         "data_parallel": "auto",
         "data_loader": {"split": "distributed", "num_workers": 0, "pin_memory": True},
-        "enable_activation_checkpointing": True,
+        "enable_activation_checkpointing": "auto",
         "batch_size": 2,
         "gradient_accumulation_steps": 8,
         "epochs": 1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from hlmtune.peers import (
     token_rows_dataset,
     write_rows,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_sft_rows_round_trip_in_torchtune_item_layout(tmp_path):
@@ -90,3 +93,19 @@ def test_peak_rss_of_a_child_sees_its_allocation(tmp_path):
     assert failing["returncode"] == 3
     missing = peak_rss_gib_of([str(tmp_path / "no-such-program")], dict(os.environ))
     assert missing["returncode"] != 0
+
+
+def test_shipped_knobs_read_the_speed_settings_of_a_config(tmp_path):
+    from hlmtune.peers import SHIPPED_CONFIGS, shipped_knobs, torchtune_config_file
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("enable_activation_checkpointing: True\nenable_activation_offloading: True\n"
+                   "compile: False\noptimizer:\n  _component_: torch.optim.AdamW\n  fused: True\nbatch_size: 2\n")
+    assert shipped_knobs(cfg) == {"enable_activation_checkpointing": True, "compile": False, "optimizer.fused": True}
+    assert shipped_knobs(cfg, device="cuda")["enable_activation_offloading"] is True  # CUDA-only knob kept there
+    for pack_cfg, tt_cfg in SHIPPED_CONFIGS.values():
+        assert shipped_knobs(ROOT / "configs" / pack_cfg)["enable_activation_checkpointing"] == "auto"
+        # torchtune 0.6.1's single-device 8B configs checkpoint every layer.
+        assert shipped_knobs(torchtune_config_file(tt_cfg))["enable_activation_checkpointing"] is True
+    with pytest.raises(FileNotFoundError, match="llama3/8B_nope"):
+        torchtune_config_file("llama3/8B_nope")

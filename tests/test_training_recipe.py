@@ -123,3 +123,30 @@ def test_log_peak_memory_stats_false_turns_memory_metrics_off(dist_env, tiny_mod
             assert metrics["loss"] > 0 and "tokens_per_second" in metrics
         finally:
             r.cleanup()
+
+
+def test_activation_checkpointing_auto_checkpoints_what_the_budget_needs(dist_env, tiny_model, text_data_dir, tmp_path):
+    """auto: a generous budget checkpoints nothing, a tight one the bottom layers; same loss and
+    gradients as no checkpointing (recomputation changes memory, not numbers)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    cls = "hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed"
+    results = {}
+    for name, overrides in (("off", []), ("on", ["enable_activation_checkpointing=True"]), ("auto_big", ["enable_activation_checkpointing=auto", "ac_auto_budget_gib=50"]),
+                            ("auto_tiny", ["enable_activation_checkpointing=auto", "ac_auto_budget_gib=0.0001"])):
+        r = _recipe(cls, "tiny_lora", tiny_model, text_data_dir, tmp_path / name,
+                    overrides=["batch_size=2", "lr_scheduler.num_warmup_steps=0", *overrides])
+        try:
+            wrapped = [isinstance(layer, CheckpointWrapper) for layer in r._model.layers]
+            out = r.train_step(dict(next(iter(r._dataloader))))
+            grad = r._model.layers[0].attn.q_proj.lora_a.weight.grad.detach().clone()
+            results[name] = (wrapped, float(out["loss_sum"]), grad)
+        finally:
+            r.cleanup()
+    assert results["off"][0] == [False, False]
+    assert results["on"][0] == [True, True]  # LoRA adapters load into wrapped layers (they failed to before)
+    assert results["auto_big"][0] == [False, False]
+    assert results["auto_tiny"][0] == [True, True]  # does not fit at all: every layer, with a warning
+    for name in ("on", "auto_big", "auto_tiny"):
+        assert results[name][1] == pytest.approx(results["off"][1], rel=1e-6)
+        assert torch.allclose(results[name][2], results["off"][2], rtol=1e-5, atol=1e-8)

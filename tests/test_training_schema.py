@@ -133,3 +133,24 @@ def test_compile_mode_warns_where_it_cannot_act(tiny_cfg):
     with pytest.raises(ConfigError, match="compile_mode must be one of"):
         validate_config(OmegaConf.merge(tiny_cfg, {"compile_mode": "fast"}), "lora_finetune_distributed",
                         check_components=False)
+
+
+def test_activation_checkpointing_auto_keys(tiny_cfg):
+    """auto is accepted with its budget; a budget without auto warns; bad values fail naming the key."""
+    auto = OmegaConf.merge(tiny_cfg, {"enable_activation_checkpointing": "auto", "ac_auto_budget_gib": 12})
+    opts = validate_config(auto, "lora_finetune_distributed", check_components=False)
+    assert opts.activation_checkpointing.auto and opts.activation_checkpointing.budget_gib == 12.0
+    assert not any("ac_auto_budget_gib" in w for w in config_warnings(auto, "lora_finetune_distributed"))
+    off = OmegaConf.merge(tiny_cfg, {"enable_activation_checkpointing": True, "ac_auto_budget_gib": 12})
+    assert "key 'ac_auto_budget_gib' (12) is ignored: enable_activation_checkpointing is not 'auto'" in \
+        config_warnings(off, "lora_finetune_distributed")
+    for bad, needle in (({"enable_activation_checkpointing": "sometimes"}, "must be True, False or 'auto'"),
+                        ({"enable_activation_checkpointing": "auto", "ac_auto_budget_gib": -1}, "ac_auto_budget_gib must be a positive"),
+                        ({"enable_activation_checkpointing": "auto", "ac_auto_budget_gib": "8G"}, "ac_auto_budget_gib must be a positive"),
+                        ({"enable_activation_checkpointing": "auto", "ac_auto_budget_gib": 1, "ac_auto_budgte_gib": 2},
+                         "did you mean 'ac_auto_budget_gib'")):
+        with pytest.raises(ConfigError, match=needle):
+            validate_config(OmegaConf.merge(tiny_cfg, bad), "lora_finetune_distributed", check_components=False)
+    with pytest.raises(ConfigError, match="both set: choose one"):
+        validate_config(OmegaConf.merge(tiny_cfg, {"enable_activation_checkpointing": "auto", "ac_mode": "full"}),
+                        "full_finetune_distributed", check_components=False)

@@ -139,6 +139,7 @@ class DPORecipe(RecipeBase):
     """
 
     DEFAULT_COLLATE = "torchtune.data.padded_collate_dpo"
+    ROWS_PER_EXAMPLE = 2  # chosen and rejected (the shared-prompt layout puts fewer tokens through)
 
     def concatenated_forward(self, model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
                              inner: Optional[torch.nn.Module] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

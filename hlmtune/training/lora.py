@@ -42,6 +42,8 @@ class LoRAMixin:
             a, b = getattr(m, "lora_a", None), getattr(m, "lora_b", None)
             if not (isinstance(a, torch.nn.Linear) and isinstance(b, torch.nn.Linear)):
                 continue
+            # State-dict names: a checkpoint-wrapped layer's hooks add the wrapper prefix back on load.
+            name = name.replace("_checkpoint_wrapped_module.", "")
             wa = torch.empty(a.weight.shape, dtype=torch.float32)  # (rank, in_dim)
             torch.nn.init.kaiming_uniform_(wa, a=math.sqrt(5), generator=gen)
             sd[f"{name}.lora_a.weight"] = wa.to(self._dtype)

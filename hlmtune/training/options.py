@@ -115,12 +115,19 @@ class ActivationCheckpointing:
     checkpointed; with ``enable_activation_checkpointing: False`` and ``ac_mode`` set,
     ``full`` checkpoints every layer and ``selective`` with ``ac_option: N`` every N-th
     layer (``0``: every layer). With both set torchtune applies neither (validation warns).
+    The pack adds ``enable_activation_checkpointing: auto``: the fewest layers that fit the
+    memory, measured at model build (``hlmtune/training/activation_memory.py``), within
+    ``ac_auto_budget_gib`` when set.
 
     Attributes:
         every_n_layers (int): 0 = off; 1 = every layer; N = layers N-1, 2N-1, ... (0-based).
+        auto (bool): chosen by memory at model build (``every_n_layers`` is then 0).
+        budget_gib (Optional[float]): ``auto``'s per-rank budget; None = 0.9 x free memory.
     """
 
     every_n_layers: int = 0
+    auto: bool = False
+    budget_gib: Optional[float] = None
 
     def layers(self, num_layers: int) -> List[int]:
         """0-based indices of the layers to checkpoint."""
@@ -149,6 +156,8 @@ PACK_KEY_DOCS = {
     "data_parallel": f"one of {DATA_PARALLEL_CHOICES}: auto = FSDP2 on CUDA, DDP on CPU",
     "save_every_n_steps": "resumable checkpoint every N optimizer steps (null: epoch ends only)",
     "keep_last_n_checkpoints": "older resumable checkpoints are deleted (null: keep all)",
+    "ac_auto_budget_gib": "with enable_activation_checkpointing: auto, the GiB per rank activations, logits and "
+                          "optimizer state may use (null: 0.9 x the device's free memory at model build)",
     "compile_mode": f"with compile: True, one of {COMPILE_MODES}: reduce-overhead = CUDA graphs "
                     "(CUDA, DDP or one device; fewer launches for small models)",
 }
@@ -184,9 +193,23 @@ def _parse_section(cls: type, data: Any, name: str, errors: List[str], closest: 
 
 
 def _parse_ac(data: Mapping[str, Any], accepted: frozenset, errors: List[str]) -> ActivationCheckpointing:
-    enable = bool(data.get("enable_activation_checkpointing", False))
+    raw = data.get("enable_activation_checkpointing", False)
+    budget = data.get("ac_auto_budget_gib", None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+        errors.append(f"ac_auto_budget_gib must be a positive number (GiB) or null, got {budget!r}")
+        budget = None
+    if raw is not None and not isinstance(raw, bool) and raw != "auto":
+        errors.append(f"enable_activation_checkpointing must be True, False or 'auto' (the fewest layers that fit "
+                      f"the memory), got {raw!r}")
+        return ActivationCheckpointing()
+    enable = bool(raw)
     mode = data.get("ac_mode", None) if "ac_mode" in accepted else None
     option = data.get("ac_option", None) if "ac_option" in accepted else None
+    if raw == "auto":
+        if mode is not None:
+            errors.append(f"enable_activation_checkpointing: auto and ac_mode ({mode!r}) are both set: choose one")
+            return ActivationCheckpointing()
+        return ActivationCheckpointing(0, auto=True, budget_gib=None if budget is None else float(budget))
     if mode is None:
         return ActivationCheckpointing(1 if enable else 0)
     if mode not in AC_MODES:

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from hlmtune._io import atomic_torch_save
 from hlmtune.training import checkpoint as ckpt
+from hlmtune.training.activation_memory import choose_checkpointed_layers
 from hlmtune.training.dist import (
     DistInfo,
     all_gather_floats,
@@ -73,6 +74,7 @@ class RecipeBase:
     RECIPE: str = ""
     METHOD: str = ""
     DEFAULT_COLLATE: str = "torchtune.data.padded_collate_sft"
+    ROWS_PER_EXAMPLE: int = 1  # rows one example puts through the model (DPO: chosen + rejected)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -345,10 +347,11 @@ class RecipeBase:
             model.requires_grad_(False)
         else:
             self.set_trainable(model)
+        # Chosen before compiling: auto measures layer 0 eagerly.
+        ac_layers = [] if frozen else self.checkpointed_layers(cfg, model, fsdp)
         if self._compile:
             self._compile_layers(model, data_parallel)
-        if self._ac_every_n and not frozen:
-            apply_activation_checkpointing(model, self.options.activation_checkpointing.layers(len(model.layers)))
+        apply_activation_checkpointing(model, ac_layers)
         if fsdp:
             training.shard_model(
                 model=model,
@@ -395,6 +398,30 @@ class RecipeBase:
             )
         dist.barrier()
         return model, inner
+
+    def checkpointed_layers(self, cfg: DictConfig, model: torch.nn.Module, fsdp: bool) -> List[int]:
+        """Layers to checkpoint: from the config, or measured (``enable_activation_checkpointing: auto``).
+
+        Args:
+            cfg (DictConfig): config (``batch_size``, ``tokenizer.max_seq_len``).
+            model (torch.nn.Module): the built model, trainable parameters chosen, not yet wrapped.
+            fsdp (bool): parameters and optimizer state sharded over the ranks.
+
+        Returns:
+            List[int]: 0-based layer indices.
+        """
+        ac = self.options.activation_checkpointing
+        if not ac.auto:
+            return ac.layers(len(model.layers)) if self._ac_every_n else []
+        tok = cfg.get("tokenizer", None)
+        max_seq_len = (tok.get("max_seq_len", None) if tok is not None else None) or getattr(model, "max_seq_len", None)
+        if not max_seq_len:
+            raise ValueError("enable_activation_checkpointing: auto needs tokenizer.max_seq_len (or a model with max_seq_len)")
+        return choose_checkpointed_layers(
+            model, rows=cfg.batch_size * self.ROWS_PER_EXAMPLE, max_seq_len=int(max_seq_len), dtype=self._dtype,
+            device=self._device, budget_gib=ac.budget_gib, shards=self.world_size if fsdp else 1,
+            log_fn=log.info if self._is_rank_zero else (lambda _msg: None),
+        )
 
     # ------------------------------------------------------------------ data
     def setup_data(self, cfg: DictConfig) -> StatefulDataLoader:
@@ -743,7 +770,7 @@ def apply_activation_checkpointing(model: torch.nn.Module, layer_ids: List[int])
 
     if not hasattr(model, "layers"):
         raise ValueError(f"activation checkpointing needs a model with .layers, got {type(model).__name__}")
-    for i in layer_ids:
+    for i in layer_ids:  # (an empty list: nothing to do)
         model.layers[i] = checkpoint_wrapper(model.layers[i], "full", None)
 
 

@@ -330,7 +330,10 @@ def config_warnings(cfg: DictConfig | Mapping[str, Any], recipe: Union[str, Reci
         _, why = effective_compile_mode(mode, "cpu", "none")
         if why:
             out.append(f"key {why}")
-    if "ac_mode" in allowed and data.get("ac_mode") is not None and data.get("enable_activation_checkpointing"):
+    if data.get("ac_auto_budget_gib") is not None and data.get("enable_activation_checkpointing") != "auto":
+        out.append(f"key 'ac_auto_budget_gib' ({data['ac_auto_budget_gib']!r}) is ignored: "
+                   "enable_activation_checkpointing is not 'auto'")
+    if "ac_mode" in allowed and data.get("ac_mode") is not None and data.get("enable_activation_checkpointing") is True:
         out.append(
             f"keys 'ac_mode' ({data['ac_mode']!r}) and 'enable_activation_checkpointing' (True) are both set: "
             "as in torchtune 0.6.1, no activation checkpointing is applied (set one of them)"
