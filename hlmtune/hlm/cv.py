@@ -143,7 +143,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 
 def run_cv(
     *, out: Path, data: Optional[str] = None, source: str = "auto", folds: int = 4, nproc: int = 2,
-    pretrain_steps: int = 200, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
+    pretrain_steps: int = 600, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None,
 ) -> Path:
@@ -291,7 +291,7 @@ def register(subparsers: Any) -> None:
             "read. Fine-tuning overrides after the flags apply to every fold (e.g. dataset.next_rr=False)."
         ),
         epilog=(
-            "examples (MIT-BIH from $HLM_DATA/mitdb; about 35 min on 2 CPU cores):\n"
+            "examples (MIT-BIH from $HLM_DATA/mitdb; about 40 min on 2 CPU cores, 70 with --seeds 3):\n"
             "  hlmtune cv --out outputs/cv                                  # the shipped settings\n"
             "  hlmtune cv --out outputs/cv dataset.premature_synth=0.2     # same folds and pretrained models,\n"
             "                                                               # new fine-tunes: a setting scored\n"

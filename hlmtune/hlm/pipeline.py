@@ -224,7 +224,7 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: float) -> st
 
 
 def run_pipeline(
-    *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = 200,
+    *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = 600,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
     calibration: Optional[Path] = None,
@@ -426,7 +426,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
                    help="where records come from when --data is not given")
     p.add_argument("--nproc", type=int, default=2, help="CPU ranks for training")
     p.add_argument("--model", default="hlm_1m", help="hlm_1m, hlm_10m or hlm_100m")
-    p.add_argument("--pretrain-steps", type=int, default=200,
+    p.add_argument("--pretrain-steps", type=int, default=600,
                    help=f"pretraining steps{each} (8 x 512 tokens per rank each)")
     p.add_argument("--finetune-examples", type=int, default=24000, help=f"LoRA fine-tuning examples from DS1{each}")
     p.add_argument("--seeds", type=int, default=1,
