@@ -7,7 +7,7 @@ the targets of the issue (V F1 >= 0.90, S F1 >= 0.60) as PASS / MISS. Nothing he
 DS2: the settings are the shipped configs and the demo's (24,000 fine-tuning examples), with
 three fine-tunes of different seeds voting as an ensemble (``hlmtune demo --seeds 3``), all
 chosen on held-out DS1 records (docs/hlm.md "Model selection"). Training stays inside the
-30-minute budget (about 11 minutes idle).
+30-minute budget (about 15 minutes idle, with 600 pretraining steps).
 
     HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--seeds K] [--pretrain-steps N]
 """
