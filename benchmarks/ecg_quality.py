@@ -29,8 +29,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_ecg_quality"), help="work folder")
     ap.add_argument("--data", default=None, help="MIT-BIH folder (default $HLM_DATA/mitdb)")
-    ap.add_argument("--pretrain-steps", type=int, default=600,
-                    help="pretraining steps (default 600: chosen over 200 by hlmtune cv, docs/hlm.md)")
+    from hlmtune.hlm.pipeline import PRETRAIN_STEPS  # light: no torch
+
+    ap.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
+                    help=f"pretraining steps (default {PRETRAIN_STEPS}: chosen over 200 by hlmtune cv, docs/hlm.md)")
     ap.add_argument("--finetune-examples", type=int, default=24000,
                     help="LoRA examples (default 24,000, as make demo: chosen on held-out DS1 records)")
     ap.add_argument("--model", default="hlm_1m")

@@ -99,3 +99,13 @@ def test_a_stage_is_kept_only_when_its_settings_are_the_same(tmp_path, capsys):
     assert stage(200) is True and count.read_text() == "3"
     assert stage(200, force=True) is True and count.read_text() == "4"
     assert stage(200) is False
+
+
+def test_pretrain_config_runs_as_long_as_the_main_job():
+    """configs/ecg_pretrain.yaml, run by hand, pretrains as long as `hlmtune demo` / `hlmtune cv` do."""
+    import yaml
+
+    from hlmtune.hlm.pipeline import PRETRAIN_STEPS
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "ecg_pretrain.yaml").read_text())
+    assert cfg["max_steps_per_epoch"] == PRETRAIN_STEPS

@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from hlmtune.hlm.pipeline import PRETRAIN_STEPS
+
 CLASSES_BALANCED = ("S", "V")  # spread evenly over folds, rarest first: the classes the issue scores
 
 
@@ -143,7 +145,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 
 def run_cv(
     *, out: Path, data: Optional[str] = None, source: str = "auto", folds: int = 4, nproc: int = 2,
-    pretrain_steps: int = 600, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
+    pretrain_steps: int = PRETRAIN_STEPS, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None,
 ) -> Path:

@@ -39,6 +39,9 @@ COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 RR_BINS = 64
 DISK_LOGGER = "torchtune.training.metric_logging.DiskLogger"
 SYNTHETIC_MARK = "SYNTHETIC"  # file in a database written by synthetic_database()
+# Pretraining steps of the main job, `hlmtune cv` and benchmarks/ecg_quality.py: 600 beat 200 in DS1
+# cross-validation (docs/hlm.md, "pretraining 600 steps instead of 200"); ~5 min on 2 CPU ranks.
+PRETRAIN_STEPS = 600
 
 
 def _say(msg: str) -> None:
@@ -224,7 +227,7 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: float) -> st
 
 
 def run_pipeline(
-    *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = 600,
+    *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = PRETRAIN_STEPS,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
     calibration: Optional[Path] = None,
@@ -426,7 +429,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
                    help="where records come from when --data is not given")
     p.add_argument("--nproc", type=int, default=2, help="CPU ranks for training")
     p.add_argument("--model", default="hlm_1m", help="hlm_1m, hlm_10m or hlm_100m")
-    p.add_argument("--pretrain-steps", type=int, default=600,
+    p.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
                    help=f"pretraining steps{each} (8 x 512 tokens per rank each)")
     p.add_argument("--finetune-examples", type=int, default=24000, help=f"LoRA fine-tuning examples from DS1{each}")
     p.add_argument("--seeds", type=int, default=1,
