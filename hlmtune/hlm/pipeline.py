@@ -336,8 +336,8 @@ def run_pipeline(
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
         metrics = json.loads((report / "metrics.json").read_text())
     else:
-        test_set = "DS2 (unseen patients)" if split_file is None else f"the test records of {split_file} (unseen patients)"
-        _say(f"evaluating on {test_set}" + (f": an ensemble of the {seeds} fine-tuned runs" if seeds > 1 else ""))
+        test_set = "DS2" if split_file is None else f"the DS2 records of {split_file}"  # as report.md names them
+        _say(f"evaluating on {test_set} (unseen patients)" + (f": an ensemble of the {seeds} fine-tuned runs" if seeds > 1 else ""))
         eval_stamp.unlink(missing_ok=True)
         cfg = load_run_config(str(ft), [])
         # ~50k DS2 beats x ~150 tokens: compiling once (about a minute) saves more than it costs.
