@@ -109,3 +109,33 @@ def test_pretrain_config_runs_as_long_as_the_main_job():
 
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "ecg_pretrain.yaml").read_text())
     assert cfg["max_steps_per_epoch"] == PRETRAIN_STEPS
+
+
+def test_pretrain_steps_beyond_an_epoch_overlap_the_windows(tmp_path):
+    """--pretrain-steps more than an epoch of packed windows holds: windows start closer, one epoch holds the steps."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hlm_fixtures import make_shards
+
+    from hlmtune.data_builders.ecg import ecg_pretrain_dataset
+    from hlmtune.ecg_tokenizer.tokenizer import ecg_tokenizer
+    from hlmtune.hlm.pipeline import pretrain_schedule
+
+    sh = make_shards(tmp_path)
+    tokens, split_file = Path(sh["shards"]), Path(sh["split_file"])
+    tok = ecg_tokenizer(manifest_path=str(tokens))
+
+    def epoch(stride, nproc):  # the recipe's loader: equal per-rank blocks, batches of 8, last dropped
+        ds = ecg_pretrain_dataset(tok, shards_dir=str(tokens), max_seq_len=512, stride=stride, split_file=str(split_file))
+        return len(ds) // nproc // 8
+
+    for nproc in (1, 2):
+        packed = epoch(None, nproc)
+        assert packed >= 2
+        assert pretrain_schedule(packed, tokens, split_file, nproc) == (None, packed)  # fits: the config's own windows
+        assert pretrain_schedule(1, tokens, split_file, nproc) == (None, 1)
+        stride, steps = pretrain_schedule(packed + 1, tokens, split_file, nproc)
+        assert (stride, steps) == (256, packed + 1) and epoch(256, nproc) >= packed + 1
+        stride, steps = pretrain_schedule(3 * packed, tokens, split_file, nproc)
+        assert steps == 3 * packed <= epoch(stride, nproc) and epoch(512 // (512 // stride - 1), nproc) < 3 * packed
+    with pytest.raises(ValueError, match="--pretrain-steps must be >= 1"):
+        pretrain_schedule(0, tokens, split_file, 1)

@@ -150,3 +150,25 @@ def test_activation_checkpointing_auto_checkpoints_what_the_budget_needs(dist_en
     for name in ("on", "auto_big", "auto_tiny"):
         assert results[name][1] == pytest.approx(results["off"][1], rel=1e-6)
         assert torch.allclose(results[name][2], results["off"][2], rtol=1e-5, atol=1e-8)
+
+
+def test_more_steps_per_epoch_than_the_epoch_holds_is_said(dist_env, tiny_model, text_data_dir, tmp_path, caplog):
+    """max_steps_per_epoch beyond the epoch: the epoch ends first, and the run says so."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        r = _recipe("hlmtune.recipes.full_finetune_distributed.FullFinetuneRecipeDistributed", "tiny_full",
+                    tiny_model, text_data_dir, tmp_path, overrides=["max_steps_per_epoch=1000000"], drop=["checkpointer"])
+    try:
+        assert r._steps_per_epoch == len(r._dataloader) < 1000000
+        assert f"max_steps_per_epoch 1000000 > the {r._steps_per_epoch} optimizer steps of an epoch" in caplog.text
+    finally:
+        r.cleanup()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        r = _recipe("hlmtune.recipes.full_finetune_distributed.FullFinetuneRecipeDistributed", "tiny_full",
+                    tiny_model, text_data_dir, tmp_path / "b", overrides=["max_steps_per_epoch=3"], drop=["checkpointer"])
+    try:
+        assert r._steps_per_epoch == 3 and "max_steps_per_epoch" not in caplog.text
+    finally:
+        r.cleanup()

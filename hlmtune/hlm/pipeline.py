@@ -165,6 +165,55 @@ def _train_cmd(nproc: int, recipe: str, config: str, overrides: Sequence[str], r
     return [*hlm, *launch, recipe, "--config", config, f"output_dir={run_dir}", *logger, *overrides]
 
 
+def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], nproc: int) -> Tuple[Optional[int], int]:
+    """The pretraining window stride that lets one epoch hold ``steps`` optimizer steps.
+
+    ``max_steps_per_epoch`` stops at the end of the epoch, and an epoch of packed 512-token
+    DS1 windows is ~800 steps at 2 ranks. Rather than repeat identical windows in a second
+    epoch (and move the export to ``epoch_1``, where no fine-tuning config looks), windows then
+    start every ``max_seq_len / k`` tokens for the smallest k that holds the steps: each token
+    is seen at k different positions of its window, and the export stays ``epoch_0/model.pt``.
+
+    Args:
+        steps (int): optimizer steps wanted.
+        tokens (Path): the shards (``hlmtune tokenize`` output).
+        split_file (Optional[Path]): split lists of another database (None: MIT-BIH DS1).
+        nproc (int): ranks; the shipped config splits the windows into equal per-rank blocks.
+
+    Returns:
+        Tuple[Optional[int], int]: the stride (None: the config's own) and the steps of the
+        epoch at that stride (``steps`` unless even windows one token apart are too few).
+    """
+    from omegaconf import OmegaConf
+
+    from hlmtune.data_builders.ecg import ecg_pretrain_dataset
+    from hlmtune.ecg_tokenizer.tokenizer import ecg_tokenizer
+    from hlmtune.registry import resolve_config
+
+    if steps < 1:
+        raise ValueError(f"--pretrain-steps must be >= 1, got {steps}")
+    cfg = OmegaConf.load(resolve_config("ecg_pretrain"))
+    seq = int(cfg.dataset.max_seq_len)
+    tok = ecg_tokenizer(manifest_path=str(tokens))
+
+    def epoch_steps(stride: Optional[int]) -> int:
+        ds = ecg_pretrain_dataset(tok, shards_dir=str(tokens), max_seq_len=seq, stride=stride,
+                                  split_file=str(split_file) if split_file else None)
+        # The recipe's loader: per-rank blocks of len // nproc windows, batches of batch_size, last dropped.
+        return (len(ds) // nproc) // int(cfg.batch_size)
+
+    stride = cfg.dataset.get("stride", None)
+    per_epoch = epoch_steps(stride)
+    k = 1
+    while per_epoch < steps and (stride or seq) > 1:
+        k += 1
+        stride = max(1, seq // k)
+        per_epoch = epoch_steps(stride)
+    if per_epoch < 1:
+        raise ValueError(f"the pretraining windows of {tokens} do not fill one batch per rank")
+    return stride, min(steps, per_epoch)
+
+
 def _steps(run_dir: Path) -> List[Dict[str, Any]]:
     path = run_dir / "metrics" / "steps.jsonl"
     out = []
@@ -300,11 +349,16 @@ def run_pipeline(
     pre = out / "runs" / "pretrain"
     fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}") for k in range(seeds)]
     ft = fts[0]
+    stride, pre_steps = pretrain_schedule(pretrain_steps, tokens, split_file, nproc)
+    if pre_steps < pretrain_steps:
+        _say(f"warning: --pretrain-steps {pretrain_steps} > the {pre_steps} steps the training windows give "
+             "even one token apart: pretraining stops at the end of that epoch")
     timings["pretrain"], redone = _train_stage(
         "pretrain", pre, pre / "epoch_0" / "model.pt", force, env,
-        f"pretraining {model} for {pretrain_steps} steps on {nproc} CPU rank(s)",
+        f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s)"
+        + (f" (windows every {stride} tokens, so that one epoch holds them)" if stride else ""),
         _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
-                   [*common, *size, f"max_steps_per_epoch={pretrain_steps}"], pre),
+                   [*common, *size, f"max_steps_per_epoch={pre_steps}", f"dataset.stride={stride or 'null'}"], pre),
     )
     ft_s: List[float] = []  # wall time of each fine-tune
     retrained = redone
@@ -430,7 +484,9 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
     p.add_argument("--nproc", type=int, default=2, help="CPU ranks for training")
     p.add_argument("--model", default="hlm_1m", help="hlm_1m, hlm_10m or hlm_100m")
     p.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
-                   help=f"pretraining steps{each} (8 x 512 tokens per rank each)")
+                   help=f"pretraining steps{each} (8 x 512 tokens per rank each; more than an epoch of "
+                        "packed windows (~800 on DS1 at 2 ranks) start the windows closer together, so that one "
+                        "epoch holds them)")
     p.add_argument("--finetune-examples", type=int, default=24000, help=f"LoRA fine-tuning examples from DS1{each}")
     p.add_argument("--seeds", type=int, default=1,
                    help=f"LoRA fine-tunes{each} with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
