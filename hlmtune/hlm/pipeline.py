@@ -353,12 +353,13 @@ def run_pipeline(
     if pre_steps < pretrain_steps:
         _say(f"warning: --pretrain-steps {pretrain_steps} > the {pre_steps} steps the training windows give "
              "even one token apart: pretraining stops at the end of that epoch")
+    # The stride only when one is set: a rerun of an earlier job's command keeps its pretrained model.
+    pre_over = [*common, *size, f"max_steps_per_epoch={pre_steps}", *([f"dataset.stride={stride}"] if stride else [])]
     timings["pretrain"], redone = _train_stage(
         "pretrain", pre, pre / "epoch_0" / "model.pt", force, env,
         f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s)"
         + (f" (windows every {stride} tokens, so that one epoch holds them)" if stride else ""),
-        _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
-                   [*common, *size, f"max_steps_per_epoch={pre_steps}", f"dataset.stride={stride or 'null'}"], pre),
+        _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain", pre_over, pre),
     )
     ft_s: List[float] = []  # wall time of each fine-tune
     retrained = redone
