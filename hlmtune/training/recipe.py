@@ -176,7 +176,7 @@ class RecipeBase:
         per_epoch = len(self._dataloader) // self._gradient_accumulation_steps
         if self.max_steps_per_epoch is not None:
             if self.max_steps_per_epoch > per_epoch and self._is_rank_zero:
-                # The epoch ends first: asking for more steps is not silently honoured or ignored.
+                # The epoch ends first: say so, rather than run fewer steps than asked without a word.
                 log.warning(
                     f"max_steps_per_epoch {self.max_steps_per_epoch} > the {per_epoch} optimizer steps of an "
                     f"epoch: each epoch stops at {per_epoch}; raise epochs for more steps"
