@@ -171,8 +171,9 @@ def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], npro
     ``max_steps_per_epoch`` stops at the end of the epoch, and an epoch of packed 512-token
     DS1 windows is ~800 steps at 2 ranks. Rather than repeat identical windows in a second
     epoch (and move the export to ``epoch_1``, where no fine-tuning config looks), windows then
-    start every ``max_seq_len / k`` tokens for the smallest k that holds the steps: each token
-    is seen at k different positions of its window, and the export stays ``epoch_0/model.pt``.
+    start every ``stride / k`` tokens (the config's stride, ``max_seq_len`` when unset) for the
+    smallest k that holds the steps: with packed windows each token is seen at k different
+    positions of its window, and the export stays ``epoch_0/model.pt``.
 
     Args:
         steps (int): optimizer steps wanted.
@@ -203,11 +204,12 @@ def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], npro
         return (len(ds) // nproc) // int(cfg.batch_size)
 
     stride = cfg.dataset.get("stride", None)
+    base = stride or seq  # the configured stride; k divides it, so the windows only ever get denser
     per_epoch = epoch_steps(stride)
     k = 1
-    while per_epoch < steps and (stride or seq) > 1:
+    while per_epoch < steps and base // k > 1:
         k += 1
-        stride = max(1, seq // k)
+        stride = base // k
         per_epoch = epoch_steps(stride)
     if per_epoch < 1:
         raise ValueError(f"the pretraining windows of {tokens} do not fill one batch per rank")
