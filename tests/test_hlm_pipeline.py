@@ -118,7 +118,7 @@ def test_pretrain_steps_beyond_an_epoch_overlap_the_windows(tmp_path):
 
     from hlmtune.data_builders.ecg import ecg_pretrain_dataset
     from hlmtune.ecg_tokenizer.tokenizer import ecg_tokenizer
-    from hlmtune.hlm.pipeline import pretrain_schedule
+    from hlmtune.hlm.pipeline import MAX_WINDOW_OVERLAP, pretrain_schedule
 
     sh = make_shards(tmp_path)
     tokens, split_file = Path(sh["shards"]), Path(sh["split_file"])
@@ -137,5 +137,9 @@ def test_pretrain_steps_beyond_an_epoch_overlap_the_windows(tmp_path):
         assert (stride, steps) == (256, packed + 1) and epoch(256, nproc) >= packed + 1
         stride, steps = pretrain_schedule(3 * packed, tokens, split_file, nproc)
         assert steps == 3 * packed <= epoch(stride, nproc) and epoch(512 // (512 // stride - 1), nproc) < 3 * packed
+        # Past MAX_WINDOW_OVERLAP-fold overlap (windows every 128 tokens) it stops at that epoch's end.
+        densest = epoch(512 // MAX_WINDOW_OVERLAP, nproc)
+        assert MAX_WINDOW_OVERLAP == 4 and densest < 100 * packed
+        assert pretrain_schedule(100 * packed, tokens, split_file, nproc) == (128, densest)
     with pytest.raises(ValueError, match="--pretrain-steps must be >= 1"):
         pretrain_schedule(0, tokens, split_file, 1)
