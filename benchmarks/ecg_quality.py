@@ -9,7 +9,7 @@ three fine-tunes of different seeds voting as an ensemble (``hlmtune demo --seed
 chosen on held-out DS1 records (docs/hlm.md "Model selection"). Training stays inside the
 30-minute budget (about 15 minutes idle, with 600 pretraining steps).
 
-    HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--seeds K] [--pretrain-steps N]
+    HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--seeds K] [--pretrainings P] [--pretrain-steps N]
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3,
                     help="LoRA fine-tunes (seeds 0..K-1) evaluated as one ensemble (hlmtune demo --seeds); "
                          "3 was chosen on two held-out DS1 folds (docs/hlm.md)")
+    ap.add_argument("--pretrainings", type=int, default=1,
+                    help="pretrained models (seeds 0..P-1, 1..--seeds); fine-tune k starts from pretraining k mod P "
+                         "(hlmtune demo --pretrainings)")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")
     args = ap.parse_args()
@@ -51,7 +54,7 @@ def main() -> int:
     t0 = time.perf_counter()
     report = run_pipeline(out=args.out, data=args.data, source="mitdb", nproc=args.nproc, model=args.model,
                           pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples, force=args.force,
-                          seeds=args.seeds)
+                          seeds=args.seeds, pretrainings=args.pretrainings)
     wall = time.perf_counter() - t0
     metrics = json.loads((report.parent / "metrics.json").read_text())
     timings = json.loads((report.parent / "timings.json").read_text())
@@ -61,6 +64,7 @@ def main() -> int:
     print(f"model {args.model}, {args.nproc} CPU ranks, pretrain {args.pretrain_steps} steps, "
           f"fine-tune {args.finetune_examples} examples"
           + (f" x {args.seeds} seeds (ensemble; each run's own figures in metrics.json)" if args.seeds > 1 else "")
+          + (f" from {args.pretrainings} pretrainings" if args.pretrainings > 1 else "")
           + f"; cpus={os.cpu_count()}, load average {os.getloadavg()[0]:.1f} at the end")
     print(class_table(r, metrics["classes"]))
     print()

@@ -61,6 +61,8 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     manifest = json.loads((out / "tokens" / "manifest.json").read_text())
     assert sorted(r["record"] for r in manifest["records"]) == sorted(ds1["DS1"])
     doc = json.loads((out / "cv_metrics.json").read_text())
+    assert doc["n_folds"] == 2 and [r["held_out"] for r in doc["folds"]] == folds  # each fold's row is kept
+    assert all(set(r["per_class"]) == set(doc["classes"]) for r in doc["folds"])
     truths, lps = [], []
     for k, held in enumerate(folds, start=1):
         split = json.loads((out / f"fold{k}" / "db" / "splits.json").read_text())

@@ -51,13 +51,28 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert "pretrain: finished before, kept" in proc.stderr and "fine-tune: finished before, kept" in proc.stderr
     m = json.loads((out / "report" / "metrics.json").read_text())
     assert list(m["results"]) == ["HLM (this run)"] == m["row_order"] and m["ensemble"] == []
+    # --pretrainings 2: fine-tune 1 starts from a second pretrained model (seed 1); the first pair is kept
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK, "--seeds", "2", "--pretrainings", "2"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pretrain: finished before, kept" in proc.stderr and "fine-tune: finished before, kept" in proc.stderr
+    assert "seed 1 (2 of 2)" in proc.stderr  # the second pretraining ran
+    m = json.loads((out / "report" / "metrics.json").read_text())
+    assert [Path(w).parent.parent.name for w in m["ensemble"]] == ["lora", "lora_seed1_pre1"]
+    assert losses_of(out / "runs" / "pretrain_seed1") != losses_of(out / "runs" / "pretrain")
+    stamp = json.loads((out / "runs" / "lora_seed1_pre1" / "stage.json").read_text())["command"]
+    assert f"pretrain_dir={out.resolve() / 'runs' / 'pretrain_seed1'}" in stamp
+    text = (out / "report" / "report.md").read_text()
+    assert "2 pretrained models" in text and "| pretrain seed 1 |" in text
 
 
 def test_bad_flags_and_outputs_are_one_line(tmp_path):
     taken = tmp_path / "file"
     taken.write_text("x")
     for args in (["--out", str(taken), *QUICK], ["--out", str(tmp_path / "d"), "--nproc", "0"],
-                 ["--out", str(tmp_path / "d"), "--data", str(tmp_path)]):
+                 ["--out", str(tmp_path / "d"), "--data", str(tmp_path)],
+                 ["--out", str(tmp_path / "d"), *QUICK, "--seeds", "2", "--pretrainings", "3"],
+                 ["--out", str(tmp_path / "d"), "--pretrainings", "0"]):
         proc = subprocess.run([HLMTUNE, "demo", *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

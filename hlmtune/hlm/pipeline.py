@@ -289,7 +289,7 @@ def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = PRETRAIN_STEPS,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
-    calibration: Optional[Path] = None,
+    calibration: Optional[Path] = None, pretrainings: int = 1,
 ) -> Path:
     """Run every stage; returns the report path.
 
@@ -303,8 +303,11 @@ def run_pipeline(
         max_eval (Optional[int]): evaluate only the first N DS2 beats (smoke runs).
         model (str): ``hlm_1m``, ``hlm_10m`` or ``hlm_100m``.
         force (bool): redo finished stages.
-        seeds (int): LoRA fine-tunes from the same pretrained model, seeds 0..K-1 (``runs/lora``,
-            ``runs/lora_seed1``, ...), evaluated as one ensemble when K > 1.
+        seeds (int): LoRA fine-tunes, seeds 0..K-1 (``runs/lora``, ``runs/lora_seed1``, ...),
+            evaluated as one ensemble when K > 1.
+        pretrainings (int): pretrained models, seeds 0..P-1 (``runs/pretrain``,
+            ``runs/pretrain_seed1``, ...); fine-tune k starts from pretraining k mod P (its run
+            is ``runs/lora_seed{k}_pre{k mod P}`` when that is not 0). 1 to ``seeds``.
         tokens_dir (Optional[Path]): where the tokens go (default ``out/tokens``; ``hlmtune cv``
             shares one folder between its folds).
         finetune_overrides (Sequence[str]): ``key=value`` overrides of the fine-tune(s).
@@ -323,6 +326,9 @@ def run_pipeline(
         raise ValueError(f"--model must be one of {sorted(ARCHS)}, got {model!r}")
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if not 1 <= pretrainings <= seeds:
+        raise ValueError(f"--pretrainings must be 1..--seeds ({seeds}): each pretrained model needs a fine-tune, "
+                         f"got {pretrainings}")
     out = ensure_dir(out, "--out").resolve()
     t_all = time.perf_counter()
     timings: Dict[str, float] = {}
@@ -356,8 +362,11 @@ def run_pipeline(
     size = [f"model._component_=hlmtune.hlm.model.{model}"]
 
     # 3. pretrain, 4. LoRA fine-tune
-    pre = out / "runs" / "pretrain"
-    fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}") for k in range(seeds)]
+    pres = [out / "runs" / ("pretrain" if p == 0 else f"pretrain_seed{p}") for p in range(pretrainings)]
+    pre = pres[0]
+    # Fine-tune k starts from pretraining k mod P; the names of P = 1 stay as they were (reruns keep them).
+    fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}" if k % pretrainings == 0
+                           else f"lora_seed{k}_pre{k % pretrainings}") for k in range(seeds)]
     ft = fts[0]
     stride, pre_steps = pretrain_schedule(pretrain_steps, tokens, split_file, nproc)
     if pre_steps < pretrain_steps:
@@ -366,24 +375,35 @@ def run_pipeline(
              "takes): pretraining stops at the end of that epoch; more data gives more steps")
     # The stride only when one is set: a rerun of an earlier job's command keeps its pretrained model.
     pre_over = [*common, *size, f"max_steps_per_epoch={pre_steps}", *([f"dataset.stride={stride}"] if stride else [])]
-    timings["pretrain"], redone = _train_stage(
-        "pretrain", pre, pre / "epoch_0" / "model.pt", force, env,
-        f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s)"
-        + (f" (windows every {stride} tokens, so that one epoch holds them)" if stride else ""),
-        _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain", pre_over, pre),
-    )
+    pre_s: List[float] = []  # wall time of each pretraining
+    pre_redone: List[bool] = []
+    for p, run in enumerate(pres):
+        # Seed 0 keeps the config's own seed (model initialization and window order).
+        took, ran = _train_stage(
+            "pretrain" + (f" (seed {p})" if p else ""), run, run / "epoch_0" / "model.pt", force, env,
+            f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s)"
+            + (f" (windows every {stride} tokens" + (", so that one epoch holds them)" if pre_steps == pretrain_steps
+                                                        else ")") if stride else "")
+            + (f", seed {p} ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
+            _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
+                       [*pre_over, *([f"seed={p}"] if p else [])], run),
+        )
+        pre_s.append(took)
+        pre_redone.append(ran)
+    timings["pretrain"] = sum(pre_s)
     ft_s: List[float] = []  # wall time of each fine-tune
-    retrained = redone
+    retrained = any(pre_redone)
     for k, run in enumerate(fts):
         # Seed 0 keeps the config's own seeds (the single-model run is unchanged by --seeds).
         seed = [f"seed={k}", f"dataset.seed={k}"] if k else []
         took, ran = _train_stage(
             "fine-tune" + (f" (seed {k})" if k else ""), run, run / "epoch_0" / "model-00001-of-00001.bin",
-            force or redone, env,
+            force or pre_redone[k % pretrainings], env,
             f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples"
             + (f", seed {k} ({k + 1} of {seeds})" if seeds > 1 else ""),
             _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
-                       [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pre}",
+                       [*common, f"model._component_=hlmtune.hlm.model.lora_{model}",
+                        f"pretrain_dir={pres[k % pretrainings]}",
                         f"dataset.num_examples={finetune_examples}", *seed, *finetune_overrides], run),
         )
         ft_s.append(took)
@@ -413,8 +433,8 @@ def run_pipeline(
     timings["evaluate"] = time.perf_counter() - t0
 
     # 6. report
-    runs = {"pretrain": _steps(pre), **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r)
-                                          for k, r in enumerate(fts)}}
+    runs = {**{"pretrain" + (f" seed {p}" if p else ""): _steps(r) for p, r in enumerate(pres)},
+            **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r) for k, r in enumerate(fts)}}
     plots = plot_training(runs, report)
     result = headline(metrics)
     timings["total"] = time.perf_counter() - t_all
@@ -424,8 +444,11 @@ def run_pipeline(
         "# Heart Language Model: main job report",
         "",
         f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU)."
-        + (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of the same pretrained "
-           "model, predicting the class of highest mean log-probability; each run's own figures are in "
+        + (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of "
+           + ("the same pretrained model" if pretrainings == 1 else
+              f"{pretrainings} pretrained models (seeds 0-{pretrainings - 1}; fine-tune k from pretraining k mod "
+              f"{pretrainings})")
+           + ", predicting the class of highest mean log-probability; each run's own figures are in "
            "`metrics.json`." if seeds > 1 else "")
         + (f" Decision: a per-class bias on the class log-probabilities fitted on DS1 out-of-fold predictions "
            f"(`{calibration}`, `hlmtune cv`); the uncalibrated figures are in `metrics.json`." if calibration else ""),
@@ -448,8 +471,7 @@ def run_pipeline(
         "",
         "| stage | steps | first loss | last loss | median s/it | peak RSS GiB | wall s |",
         "|---|---|---|---|---|---|---|",
-        _stage_summary("pretrain", runs["pretrain"], timings["pretrain"]),
-        *[_stage_summary(name, steps, t) for (name, steps), t in zip(list(runs.items())[1:], ft_s)],
+        *[_stage_summary(name, steps, t) for (name, steps), t in zip(runs.items(), [*pre_s, *ft_s])],
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
@@ -457,7 +479,7 @@ def run_pipeline(
         "",
         " | ".join(f"{k} {v:.0f}" for k, v in timings.items()),
         "",
-        f"Runs: {', '.join(f'`{r}`' for r in (pre, *fts))}; per-step metrics in `<run>/metrics/steps.jsonl`; "
+        f"Runs: {', '.join(f'`{r}`' for r in (*pres, *fts))}; per-step metrics in `<run>/metrics/steps.jsonl`; "
         "eval in `metrics.json`.",
         "",
     ]
@@ -503,6 +525,10 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
     p.add_argument("--seeds", type=int, default=1,
                    help=f"LoRA fine-tunes{each} with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
                         "and an evaluation pass, ~5 min with MIT-BIH on 2 cores)")
+    p.add_argument("--pretrainings", type=int, default=1,
+                   help=f"pretrained models{each} with seeds 0..P-1 (1..--seeds); fine-tune k starts from pretraining "
+                        "k mod P, so the ensemble's members differ in pretraining too (each adds a pretraining, "
+                        "~6 min with MIT-BIH on 2 cores at 600 steps)")
     p.add_argument("--max-eval", type=int, default=None, help=f"evaluate only the first N test beats{each} (smoke runs)")
     p.add_argument("--force", action="store_true", help="redo finished stages")
 
@@ -517,7 +543,8 @@ def run_job(prog: str, args: argparse.Namespace, job: Any) -> int:
     from hlmtune.hlm.splits import SplitError
 
     for flag, v in (("--nproc", args.nproc), ("--pretrain-steps", args.pretrain_steps),
-                    ("--finetune-examples", args.finetune_examples), ("--seeds", args.seeds)):
+                    ("--finetune-examples", args.finetune_examples), ("--seeds", args.seeds),
+                    ("--pretrainings", args.pretrainings)):
         if v < 1:
             print(f"hlmtune {prog}: {flag} must be >= 1, got {v}", file=sys.stderr)
             return 2
@@ -537,4 +564,4 @@ def _main(args: argparse.Namespace) -> int:
     return run_job("demo", args, lambda: run_pipeline(
         out=Path(args.out), data=args.data, source=args.source, nproc=args.nproc, pretrain_steps=args.pretrain_steps,
         finetune_examples=args.finetune_examples, max_eval=args.max_eval, model=args.model, force=args.force,
-        seeds=args.seeds, calibration=args.calibration))
+        seeds=args.seeds, calibration=args.calibration, pretrainings=args.pretrainings))
