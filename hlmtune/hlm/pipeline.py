@@ -363,7 +363,6 @@ def run_pipeline(
 
     # 3. pretrain, 4. LoRA fine-tune
     pres = [out / "runs" / ("pretrain" if p == 0 else f"pretrain_seed{p}") for p in range(pretrainings)]
-    pre = pres[0]
     # Fine-tune k starts from pretraining k mod P; the names of P = 1 stay as they were (reruns keep them).
     fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}" if k % pretrainings == 0
                            else f"lora_seed{k}_pre{k % pretrainings}") for k in range(seeds)]
@@ -375,15 +374,15 @@ def run_pipeline(
              "takes): pretraining stops at the end of that epoch; more data gives more steps")
     # The stride only when one is set: a rerun of an earlier job's command keeps its pretrained model.
     pre_over = [*common, *size, f"max_steps_per_epoch={pre_steps}", *([f"dataset.stride={stride}"] if stride else [])]
+    windows = "" if not stride else f" (windows every {stride} tokens" + (
+        ", so that one epoch holds them)" if pre_steps == pretrain_steps else ")")
     pre_s: List[float] = []  # wall time of each pretraining
     pre_redone: List[bool] = []
     for p, run in enumerate(pres):
         # Seed 0 keeps the config's own seed (model initialization and window order).
         took, ran = _train_stage(
             "pretrain" + (f" (seed {p})" if p else ""), run, run / "epoch_0" / "model.pt", force, env,
-            f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s)"
-            + (f" (windows every {stride} tokens" + (", so that one epoch holds them)" if pre_steps == pretrain_steps
-                                                        else ")") if stride else "")
+            f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s){windows}"
             + (f", seed {p} ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
             _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
                        [*pre_over, *([f"seed={p}"] if p else [])], run),
@@ -396,14 +395,14 @@ def run_pipeline(
     for k, run in enumerate(fts):
         # Seed 0 keeps the config's own seeds (the single-model run is unchanged by --seeds).
         seed = [f"seed={k}", f"dataset.seed={k}"] if k else []
+        src = k % pretrainings  # the pretraining it starts from
         took, ran = _train_stage(
             "fine-tune" + (f" (seed {k})" if k else ""), run, run / "epoch_0" / "model-00001-of-00001.bin",
-            force or pre_redone[k % pretrainings], env,
+            force or pre_redone[src], env,
             f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples"
             + (f", seed {k} ({k + 1} of {seeds})" if seeds > 1 else ""),
             _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
-                       [*common, f"model._component_=hlmtune.hlm.model.lora_{model}",
-                        f"pretrain_dir={pres[k % pretrainings]}",
+                       [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pres[src]}",
                         f"dataset.num_examples={finetune_examples}", *seed, *finetune_overrides], run),
         )
         ft_s.append(took)
