@@ -64,6 +64,14 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert f"pretrain_dir={out.resolve() / 'runs' / 'pretrain_seed1'}" in stamp
     text = (out / "report" / "report.md").read_text()
     assert "2 pretrained models" in text and "| pretrain seed 1 |" in text
+    # the kept pair counts with the time it took when it ran: training time is the models' cost
+    timings = json.loads((out / "report" / "timings.json").read_text())
+    assert timings["kept_runs"] == 2
+    made = {r: json.loads((out / "runs" / r / "stage.json").read_text())["wall_s"]
+            for r in ("pretrain", "pretrain_seed1", "lora", "lora_seed1_pre1")}
+    assert timings["pretrain"] > made["pretrain"] > 1.0
+    assert abs(timings["finetune"] - made["lora"] - made["lora_seed1_pre1"]) < 1.0
+    assert f"| {made['pretrain']:.0f} (kept) (" in text
 
 
 def test_bad_flags_and_outputs_are_one_line(tmp_path):
@@ -114,6 +122,24 @@ def test_a_stage_is_kept_only_when_its_settings_are_the_same(tmp_path, capsys):
     assert stage(200) is True and count.read_text() == "3"
     assert stage(200, force=True) is True and count.read_text() == "4"
     assert stage(200) is False
+
+
+def test_a_kept_stage_reports_the_time_it_took_when_it_ran(tmp_path, capsys):
+    """Keeping a run costs nothing, but the report's training time is what the run cost to make."""
+    from hlmtune.hlm.pipeline import STAGE_STAMP, _train_stage
+
+    run_dir = tmp_path / "run"
+    done = run_dir / "model.pt"
+    cmd = [sys.executable, "-c", f"import pathlib, time; time.sleep(0.4); pathlib.Path({str(done)!r}).write_text('w')"]
+    took, ran = _train_stage("pretrain", run_dir, done, False, dict(os.environ), "training", cmd)
+    assert ran and took >= 0.4
+    recorded = json.loads((run_dir / STAGE_STAMP).read_text())["wall_s"]
+    assert abs(recorded - took) < 1e-2
+    kept, ran = _train_stage("pretrain", run_dir, done, False, dict(os.environ), "training", cmd)
+    assert not ran and kept == recorded
+    # kept from a version that recorded no time: unknown, not zero
+    (run_dir / STAGE_STAMP).write_text(json.dumps({"command": cmd[1:]}))
+    assert _train_stage("pretrain", run_dir, done, False, dict(os.environ), "training", cmd) == (None, False)
 
 
 def test_pretrain_config_runs_as_long_as_the_main_job():

@@ -125,34 +125,38 @@ STAGE_STAMP = "stage.json"  # the command a finished stage ran: a rerun with oth
 
 
 def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[str, str], what: str,
-                 cmd: List[str]) -> Tuple[float, bool]:
+                 cmd: List[str]) -> Tuple[Optional[float], bool]:
     """Run one training stage unless it finished before with the same command.
 
     A stage counts as finished when its export ``done`` exists and ``run_dir/stage.json``
     records the same command (settings, upstream paths, rank count); otherwise it runs (again),
     so ``--finetune-examples 24000`` after a 12,000-example run retrains instead of reporting
-    the old model.
+    the old model. The stamp also records the stage's wall time, so a kept stage still reports
+    what it cost when it ran (not the zero seconds of keeping it).
 
     Returns:
-        Tuple[float, bool]: (wall time in s, whether it ran: stages downstream must then rerun).
+        Tuple[Optional[float], bool]: (wall time of the training in s, measured now or recorded when
+        the kept run ran; None for a kept run stamped before times were recorded; whether it ran:
+        stages downstream must then rerun).
     """
     from hlmtune._io import atomic_write_text
 
     t0 = time.perf_counter()
     stamp = run_dir / STAGE_STAMP
     settings = cmd[1:]  # the interpreter's path is not a setting
-    before = json.loads(stamp.read_text()).get("command") if stamp.exists() else None
-    if not force and done.exists() and before == settings:
+    before = json.loads(stamp.read_text()) if stamp.exists() else {}
+    if not force and done.exists() and before.get("command") == settings:
         _say(f"{name}: finished before, kept ({run_dir}; --force redoes it)")
-        return time.perf_counter() - t0, False
+        return before.get("wall_s"), False
     if done.exists() and not force:
         _say(f"{name}: the run in {run_dir} was made with other settings (or by an older version): redoing it")
     run_dir.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)  # an interrupted rerun must not look finished
     _say(what)
     _run(cmd, env, run_dir / "train.log")
-    atomic_write_text(stamp, json.dumps({"command": settings}, indent=1) + "\n")
-    return time.perf_counter() - t0, True
+    took = time.perf_counter() - t0
+    atomic_write_text(stamp, json.dumps({"command": settings, "wall_s": round(took, 3)}, indent=1) + "\n")
+    return took, True
 
 
 def _train_cmd(nproc: int, recipe: str, config: str, overrides: Sequence[str], run_dir: Path) -> List[str]:
@@ -274,15 +278,21 @@ def plot_training(runs: Dict[str, List[Dict[str, Any]]], out: Path) -> List[str]
     return files
 
 
-def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: float) -> str:
+def _total(seconds: Sequence[Optional[float]]) -> Optional[float]:
+    """Sum of stage wall times; None when one is unknown (a partial sum would look complete)."""
+    return None if any(s is None for s in seconds) else float(sum(seconds))  # type: ignore[arg-type]
+
+
+def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: Optional[float], kept: bool = False) -> str:
+    wall = ("unknown" if seconds is None else f"{seconds:.0f}") + (" (kept)" if kept else "")
     if not steps:
-        return f"| {name} | 0 | - | - | - | - | {seconds:.0f} |"
+        return f"| {name} | 0 | - | - | - | - | {wall} |"
     it = sorted(s["iteration_time_s"] for s in steps[1:] or steps)
     med = it[len(it) // 2]
     peak = max(s.get("peak_rss_gib", s.get("peak_memory_alloc_gib", 0.0)) for s in steps)
     tps = sum(s.get("tokens", 0) for s in steps) / max(1e-9, sum(s["iteration_time_s"] for s in steps))
     return (f"| {name} | {len(steps)} | {steps[0]['loss']:.3f} | {steps[-1]['loss']:.3f} | {med:.3f} | "
-            f"{peak:.2f} | {seconds:.0f} ({tps:,.0f} trained tokens/s) |")
+            f"{peak:.2f} | {wall} ({tps:,.0f} trained tokens/s) |")
 
 
 def run_pipeline(
@@ -331,7 +341,10 @@ def run_pipeline(
                          f"got {pretrainings}")
     out = ensure_dir(out, "--out").resolve()
     t_all = time.perf_counter()
-    timings: Dict[str, float] = {}
+    # Wall seconds per stage. "pretrain" / "finetune": what training the models cost, counted for a
+    # kept run as recorded when it ran (None when a kept run predates the record); "kept_runs":
+    # how many of them this call kept; "total": this call's own wall time.
+    timings: Dict[str, Optional[float]] = {}
 
     # 1. data
     t0 = time.perf_counter()
@@ -376,7 +389,7 @@ def run_pipeline(
     pre_over = [*common, *size, f"max_steps_per_epoch={pre_steps}", *([f"dataset.stride={stride}"] if stride else [])]
     windows = "" if not stride else f" (windows every {stride} tokens" + (
         ", so that one epoch holds them)" if pre_steps == pretrain_steps else ")")
-    pre_s: List[float] = []  # wall time of each pretraining
+    pre_s: List[Optional[float]] = []  # wall time of each pretraining (recorded, for a kept one)
     pre_redone: List[bool] = []
     for p, run in enumerate(pres):
         # Seed 0 keeps the config's own seed (model initialization and window order).
@@ -389,8 +402,9 @@ def run_pipeline(
         )
         pre_s.append(took)
         pre_redone.append(ran)
-    timings["pretrain"] = sum(pre_s)
-    ft_s: List[float] = []  # wall time of each fine-tune
+    timings["pretrain"] = _total(pre_s)
+    ft_s: List[Optional[float]] = []  # wall time of each fine-tune (recorded, for a kept one)
+    ft_redone: List[bool] = []
     retrained = any(pre_redone)
     for k, run in enumerate(fts):
         # Seed 0 keeps the config's own seeds (the single-model run is unchanged by --seeds).
@@ -406,8 +420,10 @@ def run_pipeline(
                         f"dataset.num_examples={finetune_examples}", *seed, *finetune_overrides], run),
         )
         ft_s.append(took)
+        ft_redone.append(ran)
         retrained = retrained or ran
-    timings["finetune"] = sum(ft_s)
+    timings["finetune"] = _total(ft_s)
+    timings["kept_runs"] = sum(not r for r in (*pre_redone, *ft_redone))
 
     # 5. evaluate on DS2 (kept on rerun when no model changed and it was asked the same way)
     t0 = time.perf_counter()
@@ -470,13 +486,16 @@ def run_pipeline(
         "",
         "| stage | steps | first loss | last loss | median s/it | peak RSS GiB | wall s |",
         "|---|---|---|---|---|---|---|",
-        *[_stage_summary(name, steps, t) for (name, steps), t in zip(runs.items(), [*pre_s, *ft_s])],
+        *[_stage_summary(name, steps, t, kept=not r)
+          for (name, steps), t, r in zip(runs.items(), [*pre_s, *ft_s], [*pre_redone, *ft_redone])],
+        "",
+        "Wall s of a run kept from an earlier call is the time recorded when it ran.",
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
         "## Wall time (s)",
         "",
-        " | ".join(f"{k} {v:.0f}" for k, v in timings.items()),
+        " | ".join(f"{k} {'unknown' if v is None else f'{v:.0f}'}" for k, v in timings.items() if k != "kept_runs"),
         "",
         f"Runs: {', '.join(f'`{r}`' for r in (*pres, *fts))}; per-step metrics in `<run>/metrics/steps.jsonl`; "
         "eval in `metrics.json`.",
