@@ -41,7 +41,7 @@ def main() -> int:
                          "3 was chosen on two held-out DS1 folds (docs/hlm.md)")
     ap.add_argument("--pretrainings", type=int, default=1,
                     help="pretrained models (seeds 0..P-1, 1..--seeds); fine-tune k starts from pretraining k mod P "
-                         "(hlmtune demo --pretrainings)")
+                         "(hlmtune demo --pretrainings); default 1: 3 did worse on held-out DS1 folds (docs/hlm.md)")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")
     args = ap.parse_args()
