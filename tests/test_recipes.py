@@ -235,11 +235,12 @@ def test_gradients_are_world_size_and_wrapper_invariant(tiny_model, text_data_di
 def test_qlora_under_fsdp2(tiny_model, text_data_dir, tmp_path):
     """The CUDA QLoRA path (NF4 base sharded by FSDP2, built on meta), exercised on CPU with gloo,
     with the 8B configs' activation checkpointing by memory: the meta-built NF4 layer is measured
-    on a materialised copy (a budget of 12 MiB needs both layers checkpointed)."""
+    on a materialised copy (a budget of 17 MiB needs both layers checkpointed: 12 MiB before the CPU
+    attention blocks, whose per-block copies of grouped K/V the probe counts)."""
     out = tmp_path / "run"
     proc = run_recipe("lora_finetune_distributed", "tiny_qlora", out, model_dir=tiny_model, data_dir=text_data_dir,
                       nproc=2, overrides=["max_steps_per_epoch=12", "batch_size=2", "data_parallel=fsdp",
-                                          "enable_activation_checkpointing=auto", "ac_auto_budget_gib=0.012"])
+                                          "enable_activation_checkpointing=auto", "ac_auto_budget_gib=0.017"])
     assert "checkpointing 2 of 2 layers" in proc.stderr + proc.stdout, proc.stderr[-3000:]
     losses = [s["loss"] for s in read_steps(out)]
     assert mean(losses[-4:]) < mean(losses[:4]) - 0.3, losses

@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from hlmtune.training.fastpath import (
-    _prunable_last_layer, gqa_pays, target_logits_applies, target_positions_only, use_addmm_lora, use_complex_rope,
-    use_gqa_attention,
+    _prunable_last_layer, causal_sdpa_blocked, gqa_pays, target_logits_applies, target_positions_only, use_addmm_lora,
+    use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear, onednn_linear,
+    onednn_linear_pays,
 )
+
+needs_onednn = pytest.mark.skipif(not hasattr(torch.ops.mkldnn, "_linear_pointwise"), reason="torch without oneDNN")
 
 
 def _model(num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0, lora_output: bool = False) -> torch.nn.Module:
@@ -74,6 +77,123 @@ def test_gqa_path_leaves_full_attention_and_decoding_to_torchtune():
     attn = m.layers[0].attn
     with pytest.raises(ValueError, match="Must provide y input or use kv_cache"):
         attn(torch.zeros(1, 3, 64), None)
+
+
+def _attention_by_hand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention written out (the reference: no SDPA, no blocks)."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (b, n_h, s, h_d)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # (b, n_h, s, s)
+    s = q.shape[2]
+    scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("s,block,heads", [(40, 8, (4, 2)), (37, 8, (4, 4)), (33, 16, (6, 2)), (31, 16, (2, 2))])
+def test_blocked_causal_attention_matches_attention_by_hand(s, block, heads):
+    """Every block size and ragged last block: outputs and q/k/v gradients of the written-out math."""
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(2, heads[0], s, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, heads[1], s, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, heads[1], s, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, heads[0], s, 8, generator=g, dtype=torch.float64)
+    outs, grads = [], []
+    for fn in (_attention_by_hand, lambda *t: causal_sdpa_blocked(*t, block=block, enable_gqa=heads[0] != heads[1])):
+        out = fn(q, k, v)
+        outs.append(out.detach())
+        grads.append(torch.autograd.grad((out * w).sum(), (q, k, v)))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-10)
+    for got, ref in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_blocked_attention_in_the_model_matches_torchtune():
+    tokens = torch.randint(0, 96, (3, 40), generator=torch.Generator().manual_seed(3))
+    for heads in ((4, 2), (2, 2)):  # grouped heads, and plain multi-head (routed now too)
+        ref = _loss_and_grads(_model(*heads), tokens)
+        fast = _model(*heads)
+        assert use_blocked_causal_attention(fast, block=8) == 2
+        assert fast.layers[0].attn._causal_block == 8
+        _assert_same(ref, _loss_and_grads(fast, tokens))
+        # and with the GQA path taken first, in the recipe's order
+        fast = _model(*heads)
+        use_gqa_attention(fast)
+        assert use_blocked_causal_attention(fast, block=16) == 2
+        _assert_same(ref, _loss_and_grads(fast, tokens))
+
+
+def test_blocked_attention_leaves_masks_and_short_rows_to_one_call(monkeypatch):
+    """Packed masks, and rows shorter than two blocks, call SDPA once, as before."""
+    import torch.nn.functional as F
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(a[0].shape[2]) or sdpa(*a, **kw))
+    m = _model()
+    use_blocked_causal_attention(m, block=16)
+    attn = m.layers[0].attn
+    x = torch.randn(1, 40, 64)
+    attn(x, x)
+    assert calls == [16, 16, 8]  # rows 0-15 causal, 16-31 and 32-39 over the keys they see
+    calls.clear()
+    attn(x[:, :31], x[:, :31])
+    assert calls == [31]
+    calls.clear()
+    attn(x, x, mask=torch.ones(1, 40, 40, dtype=torch.bool).tril())
+    assert calls == [40]
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias,trains", [(False, False), (True, True), (False, True)])
+def test_onednn_linear_matches_float64_by_hand(bias, trains):
+    """Output, input, weight and bias gradients of 3-D input, against float64 products written out."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 37, 24, generator=g, requires_grad=True)
+    w = torch.randn(40, 24, generator=g, requires_grad=trains)
+    b = torch.randn(40, generator=g, requires_grad=trains) if bias else None
+    dy = torch.randn(3, 37, 40, generator=g)
+    out = onednn_linear(x, w, b)
+    ref = x.detach().double() @ w.detach().double().T + (b.detach().double() if bias else 0)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    out.backward(dy)
+    torch.testing.assert_close(x.grad.double(), dy.double() @ w.detach().double(), rtol=1e-5, atol=1e-5)
+    if trains:
+        dw = dy.double().reshape(-1, 40).T @ x.detach().double().reshape(-1, 24)
+        torch.testing.assert_close(w.grad.double(), dw, rtol=1e-5, atol=1e-5)
+        if bias:
+            torch.testing.assert_close(b.grad.double(), dy.double().sum((0, 1)), rtol=1e-5, atol=1e-5)
+    else:
+        assert w.grad is None
+
+
+@needs_onednn
+def test_onednn_linear_in_the_model_matches_torchtune(monkeypatch):
+    """LoRA model (frozen base, trained adapters and output): torchtune's loss and gradients to fp32 rounding."""
+    from hlmtune.training import fastpath
+    from hlmtune.training.fastpath import use_addmm_lora
+
+    tokens = torch.randint(0, 96, (3, 40), generator=torch.Generator().manual_seed(5))
+    ref = _loss_and_grads(_model(lora_output=True), tokens)
+    fast = _model(lora_output=True)
+    use_addmm_lora(fast)
+    # 2 layers x (q, v LoRA bases + their A, B; k, o, w1, w2, w3) + the output's LoRA base, A, B
+    assert use_onednn_linear(fast) == 2 * (2 + 4 + 5) + 3
+    assert all(m.forward.__func__.__name__ == "_onednn_linear_forward" for m in fast.modules()
+               if type(m) is torch.nn.Linear)
+    calls = []
+    product = fastpath._mkldnn_linear
+    monkeypatch.setattr(fastpath, "_mkldnn_linear", lambda *a: calls.append(a[0].shape) or product(*a))
+    with torch.no_grad():
+        fast(tokens)
+    # every product of the forward but LoRA's B (inside the addmm): per layer q and v (base, A)
+    # and k, o, w1, w2, w3; then the output's base and A
+    assert len(calls) == 2 * (2 * 2 + 5) + 2
+    got = _loss_and_grads(fast, tokens)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    assert ref[1].keys() == got[1].keys()
+    for n in ref[1]:
+        torch.testing.assert_close(got[1][n], ref[1][n], rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
+    assert isinstance(onednn_linear_pays(), bool)
 
 
 def test_gqa_pays_per_device_and_dtype():

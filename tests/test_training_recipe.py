@@ -107,9 +107,11 @@ def test_selective_activation_checkpointing_wraps_every_nth_layer(dist_env, tiny
     assert results["off"][0] == [False, False]
     assert results["every2"][0] == [False, True]  # layers N-1, 2N-1, ...: the 2nd of 2
     assert results["full"][0] == [True, True]
-    for name in ("every2", "full"):  # recomputation changes memory, not numbers
+    for name in ("every2", "full"):  # recomputation changes memory, not numbers (beyond fp32 rounding:
+        # oneDNN's GEMM, where the recipe takes it, may round a recomputed product in another order)
         assert results[name][1] == pytest.approx(results["off"][1], rel=1e-6)
-        assert torch.allclose(results[name][2], results["off"][2], rtol=1e-5, atol=1e-7)
+        ref = results["off"][2]
+        assert torch.allclose(results[name][2], ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
 
 
 def test_log_peak_memory_stats_false_turns_memory_metrics_off(dist_env, tiny_model, text_data_dir, tmp_path):

@@ -131,7 +131,12 @@ def probe_layer(layer: torch.nn.Module, *, embed_dim: int, dtype: torch.dtype, d
     Returns:
         LayerCost: per-row cost, linear and quadratic parts.
     """
-    lengths = sorted({min(n, max_seq_len) for n in PROBE_LENGTHS})
+    # Attention in query blocks (fastpath.use_blocked_causal_attention, CPU) saves more than one
+    # causal call (per block, SDPA copies grouped K/V heads for its keys): both probe lengths
+    # then take the blocked path the run takes, so the line is fitted to one code path.
+    block = max((getattr(m, "_causal_block", 0) for m in layer.modules()), default=0)
+    probes = (2 * block, 4 * block) if block and max_seq_len >= 2 * block else PROBE_LENGTHS
+    lengths = sorted({min(n, max_seq_len) for n in probes})
     exclude = list(layer.parameters()) + list(layer.buffers())
     measured = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():

@@ -46,7 +46,8 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import (
-    gqa_pays, target_logits_applies, target_positions_only, use_addmm_lora, use_complex_rope, use_gqa_attention,
+    gqa_pays, onednn_linear_pays, target_logits_applies, target_positions_only, use_addmm_lora,
+    use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
 from hlmtune.training.errors import install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
@@ -349,6 +350,10 @@ class RecipeBase:
         use_addmm_lora(model)  # LoRA's scale and sum inside one GEMM
         if not self._compile:
             use_complex_rope(model)  # RoPE as one complex multiply
+            if self._device.type == "cpu":
+                use_blocked_causal_attention(model)  # CPU flash attention: skip the hidden half
+                if self._dtype == torch.float32 and onednn_linear_pays():
+                    use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
         if frozen:
             model.requires_grad_(False)
         else:
