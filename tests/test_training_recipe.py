@@ -174,3 +174,30 @@ def test_more_steps_per_epoch_than_the_epoch_holds_is_said(dist_env, tiny_model,
         assert r._steps_per_epoch == 3 and "max_steps_per_epoch" not in caplog.text
     finally:
         r.cleanup()
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_cpu_model_takes_blocked_attention_and_onednn_where_asked(dist_env, tiny_model, text_data_dir, tmp_path,
+                                                                 monkeypatch, onednn):
+    """The recipe's CPU build: attention in query blocks always; oneDNN's GEMMs per the probe (forced here)."""
+    from hlmtune.training import fastpath
+
+    monkeypatch.setenv("HLM_ONEDNN_LINEAR", onednn)
+    fastpath.onednn_linear_pays.cache_clear()
+    try:
+        r = _recipe("hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed", "tiny_lora",
+                    tiny_model, text_data_dir, tmp_path, overrides=["batch_size=2"])
+        try:
+            attn = r._model.layers[0].attn
+            assert attn._causal_block == fastpath.CAUSAL_BLOCK
+            k_proj = attn.k_proj  # a plain nn.Linear (LoRA is on q, v and the MLP here)
+            assert type(k_proj) is torch.nn.Linear
+            routed = "forward" in k_proj.__dict__ and k_proj.forward.__func__ is fastpath._onednn_linear_forward
+            assert routed is (onednn == "1" and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            assert getattr(attn.q_proj, "_onednn_base", False) is routed  # the LoRA base product too
+            out = r.train_step(dict(next(iter(r._dataloader))))
+            assert torch.isfinite(out["loss_sum"])
+        finally:
+            r.cleanup()
+    finally:
+        fastpath.onednn_linear_pays.cache_clear()
