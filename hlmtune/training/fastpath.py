@@ -168,11 +168,18 @@ def use_gqa_attention(model: torch.nn.Module) -> int:
 
     n = 0
     for m in model.modules():
-        if isinstance(m, MultiHeadAttention) and m.num_heads != m.num_kv_heads and not hasattr(m, "_torchtune_forward"):
-            m._torchtune_forward = m.forward
-            m.forward = types.MethodType(_gqa_forward, m)
+        if isinstance(m, MultiHeadAttention) and m.num_heads != m.num_kv_heads and _route_attention(m):
             n += 1
     return n
+
+
+def _route_attention(m: Any) -> bool:
+    """Send a ``MultiHeadAttention``'s calls through :func:`_gqa_forward` (once); True if it changed now."""
+    if hasattr(m, "_torchtune_forward"):
+        return False
+    m._torchtune_forward = m.forward
+    m.forward = types.MethodType(_gqa_forward, m)
+    return True
 
 
 def _mkldnn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -317,9 +324,7 @@ def use_blocked_causal_attention(model: torch.nn.Module, block: int = CAUSAL_BLO
     n = 0
     for m in model.modules():
         if isinstance(m, MultiHeadAttention) and m.is_causal and m.kv_cache is None:
-            if not hasattr(m, "_torchtune_forward"):
-                m._torchtune_forward = m.forward
-                m.forward = types.MethodType(_gqa_forward, m)
+            _route_attention(m)
             m._causal_block = block
             n += 1
     return n
@@ -545,7 +550,9 @@ def target_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterato
         idx = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :tq]  # (B, Tq)
         select = torch.arange(tq, device=keep.device)[None, :] < counts[:, None]  # (B, Tq) real slots
         idx = torch.where(select, idx, torch.zeros_like(idx))  # padding: position 0 (attends to itself)
-        gqa = "_torchtune_forward" in layer.attn.__dict__  # the model took use_gqa_attention
+        # routed through _gqa_forward (use_gqa_attention or use_blocked_causal_attention): SDPA reads
+        # grouped heads itself; _last_layer_at_targets asks for it only where the heads are grouped
+        gqa = "_torchtune_forward" in layer.attn.__dict__
 
         def last_layer(x: torch.Tensor, *, mask: Any = None, input_pos: Optional[torch.Tensor] = None,
                        **kwargs: Any) -> torch.Tensor:  # x: (B, T, D) -> (B, Tq, D)
