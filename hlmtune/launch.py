@@ -10,12 +10,17 @@ of unknown kind (no spec) runs with a warning that its config was not validated.
 Under torchrun (:func:`launch_torchrun`), the elastic agent runs in this process, each
 rank through ``hlmtune._rank`` (which records the rank's exception), and a failure is
 reported as the failing rank's error line instead of torchrun's ``ChildFailedError`` page.
+Without ``--log_dir``, torchrun leaves one ``torchelastic_*`` folder tree per run in the
+temporary directory (hundreds on a node that runs sweeps); here the tree is removed after the
+run unless a rank left a file in it (its ``error.json``, or output asked for with ``--redirects``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, List
 
@@ -94,6 +99,11 @@ def launch_torchrun(torchrun_argv: List[str]) -> int:
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(torchrun_argv)
+    # torchrun's default: a new torchelastic_* tree per run, never removed. Made here instead
+    # (same place, same prefix) so that it can be removed when the run left nothing in it.
+    own_log_dir = None
+    if not args.log_dir:
+        own_log_dir = args.log_dir = tempfile.mkdtemp(prefix="torchelastic_")
     # The agent's own failure report (a log line per rank + the page) is replaced below.
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     try:
@@ -102,7 +112,26 @@ def launch_torchrun(torchrun_argv: List[str]) -> int:
         print(failure_summary(e), file=sys.stderr, flush=True)
         _, first = e.get_first_failure()
         return first.exitcode if first.exitcode > 0 else 1
+    finally:
+        if own_log_dir is not None:
+            remove_empty_dirs(Path(own_log_dir))
     return 0
+
+
+def remove_empty_dirs(root: Path) -> None:
+    """Remove ``root`` and the folders under it that hold no file, deepest first.
+
+    torchrun's log tree is ``<root>/<run id>_<random>/attempt_<n>/<local rank>/``; a rank's
+    ``error.json`` or redirected output keeps its folders (and ``root``), nothing else does.
+
+    Args:
+        root (Path): the log folder of one run.
+    """
+    for folder, _, _ in os.walk(root, topdown=False):
+        try:
+            os.rmdir(folder)
+        except OSError:  # holds a file (or a folder that does): kept
+            pass
 
 
 def failure_summary(e: "ChildFailedError") -> str:  # noqa: F821 - torch imported lazily

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 
-def _run(hlmtune_cli: str, *args: str, cwd: Path, env_drop=()) -> subprocess.CompletedProcess:
+def _run(hlmtune_cli: str, *args: str, cwd: Path, env_drop=(), env_set=None) -> subprocess.CompletedProcess:
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    env.update(env_set or {})
     return subprocess.run([hlmtune_cli, *args], capture_output=True, text=True, cwd=cwd, env=env)
 
 
@@ -70,7 +71,14 @@ def test_unknown_recipe_file_runs_with_a_warning(hlmtune_cli, copied, text_data_
     assert "hello from ['--config'" in proc.stdout
 
 
-def test_failed_rank_is_reported_by_its_error_line(hlmtune_cli, copied, text_data_dir):
+def _torchelastic_files(tmp: Path) -> list:
+    """torchrun's per-run log trees in ``tmp``: (tree, files in it) each."""
+    return [(d.name, sorted(str(f.relative_to(d)).split("/")[-1] for f in d.rglob("*") if f.is_file()))
+            for d in sorted(tmp.glob("torchelastic_*"))]
+
+
+def test_failed_rank_is_reported_by_its_error_line(hlmtune_cli, copied, text_data_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tmpdir")  # the runs' TMPDIR: torchrun puts its log trees there
     script = copied / "fails_on_rank1.py"
     script.write_text(
         "import os, time\n"
@@ -79,13 +87,17 @@ def test_failed_rank_is_reported_by_its_error_line(hlmtune_cli, copied, text_dat
         "time.sleep(60)  # still running when rank 1 fails: torchrun stops it\n"
     )
     proc = _run(hlmtune_cli, "run", "--nproc_per_node", "2", "./fails_on_rank1.py", "--config", "my.yaml",
-                f"data_dir={text_data_dir}", cwd=copied)
+                f"data_dir={text_data_dir}", cwd=copied, env_set={"TMPDIR": str(tmp)})
     assert proc.returncode == 1, proc.stderr
+    # The failed rank's error file is kept (with the folders above it); the empty rest is gone.
+    trees = _torchelastic_files(tmp)
+    assert len(trees) == 1 and trees[0][1] == ["error.json"], trees
     assert "hlmtune run: rank 1 failed (exit code 1): RuntimeError: boom on rank 1" in proc.stderr
     assert "hlmtune run: rank 0 stopped by torchrun after rank 1 failed" in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "Root Cause" not in proc.stderr
     ok = copied / "ok.py"
     ok.write_text("print('fine')\n")
     proc = _run(hlmtune_cli, "run", "--nproc_per_node", "2", "./ok.py", "--config", "my.yaml",
-                f"data_dir={text_data_dir}", cwd=copied)
+                f"data_dir={text_data_dir}", cwd=copied, env_set={"TMPDIR": str(tmp)})
     assert proc.returncode == 0 and proc.stdout.count("fine") == 2, proc.stderr
+    assert _torchelastic_files(tmp) == trees  # a run that left no file leaves no folder (torchrun: one per run)
