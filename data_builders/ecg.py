@@ -365,6 +365,10 @@ class ECGBeatClassificationDataset(Dataset):
         premature_max_irregularity (Optional[float]): with ``premature_synth``, only N beats
             whose context rhythm is regular are made premature: :func:`rhythm_irregularity` of
             the context's intervals at most this (None: any context).
+        irregular_synth (float): training only: probability that a drawn N example (not made
+            premature) is shown inside a synthetic fibrillating rhythm: its context, own and
+            following intervals redrawn around the patient's cycle (:meth:`_irregular`), still
+            labelled N (an early beat in an irregular rhythm is not an S beat).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -394,6 +398,7 @@ class ECGBeatClassificationDataset(Dataset):
         premature_synth: float = 0.0,
         show_template: bool = True,
         premature_max_irregularity: Optional[float] = None,
+        irregular_synth: float = 0.0,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -473,6 +478,17 @@ class ECGBeatClassificationDataset(Dataset):
                 bins = bins[(bins >= 0) & (bins < int(params.rr_bins))]  # the context's known intervals
                 mids = 0.5 * (edges[bins] + edges[bins + 1])  # s (relative with normalized_rr: a ratio is what counts)
                 self.synthetic[k] = rhythm_irregularity(mids) <= float(premature_max_irregularity)
+        if not 0.0 <= float(irregular_synth) <= 1.0:
+            raise ValueError(f"irregular_synth must be 0..1, got {irregular_synth}")
+        if irregular_synth and "N" not in self.classes:
+            raise ValueError(f"irregular_synth shows N examples in an irregular rhythm: classes {self.classes} lack N")
+        # (len,) N examples shown inside a synthetic fibrillating rhythm (label N), never a premature one
+        self.irregular = np.zeros(self.index.size, bool)
+        if irregular_synth:
+            e = self.index
+            known = np.array([self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
+            self.irregular = ((self.label[e] == self.vocab.classes.index("N")) & known & ~self.synthetic
+                              & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -498,6 +514,42 @@ class ECGBeatClassificationDataset(Dataset):
     PREMATURE_RATIO = (0.55, 0.85)
     PAUSE_RATIO = (1.05, 1.5)
 
+    # Spread of a synthetic fibrillating rhythm: each interval is the cycle times exp(N(0, sigma)),
+    # sigma drawn per example. Successive differences of such intervals have a median |d| of
+    # about 0.95 * sqrt(2) * sigma ~ 1.35 sigma of the cycle, so 0.08-0.2 gives the 10-30%
+    # irregularity of atrial fibrillation that rhythm_irregularity measures (sinus: a few percent).
+    IRREGULAR_SIGMA = (0.08, 0.2)
+
+    def _cycle_s(self, rr_tokens: Sequence[int]) -> float:
+        """The patient's cycle in s: median of the known intervals among ``rr_tokens`` (bin middles)."""
+        edges = rr_edges(self.params)
+        bins = np.asarray(rr_tokens, np.int64) - self.vocab.rr_base
+        bins = bins[(bins >= 0) & (bins < int(self.params.rr_bins))]  # known intervals (the beat's own at least)
+        return float(np.median(0.5 * (edges[bins] + edges[bins + 1])))
+
+    def _irregular(self, k: int, rr_tokens: Sequence[int]) -> List[int]:
+        """``rr_tokens`` (context, the beat's own, the following) redrawn as a fibrillating rhythm.
+
+        Every known interval becomes ``cycle * exp(N(0, sigma))`` around the cycle of
+        :meth:`_cycle_s`, ``sigma`` drawn from :attr:`IRREGULAR_SIGMA` per example; unknown
+        intervals (a record's first or last beat) stay unknown. The beat itself may come early
+        or late by chance: in fibrillation that is what a normally conducted beat does.
+
+        Args:
+            k (int): example index (seeds the draw).
+            rr_tokens (Sequence[int]): RR tokens of the context beats, the beat and the next one.
+
+        Returns:
+            List[int]: the same number of RR tokens.
+        """
+        rng = np.random.default_rng((self.seed, k, 5))
+        sigma = rng.uniform(*self.IRREGULAR_SIGMA)
+        toks = np.asarray(rr_tokens, np.int64)
+        known = (toks >= self.vocab.rr_base) & (toks < self.unknown_rr)
+        secs = self._cycle_s(toks[known]) * np.exp(rng.normal(0.0, sigma, int(known.sum())))
+        toks[known] = self.vocab.rr_base + rr_bin(secs, rr_edges(self.params))
+        return toks.tolist()
+
     def _premature(self, k: int, rr_tokens: Sequence[int]) -> Tuple[int, int]:
         """RR tokens (before, after) of example ``k`` shown as a supraventricular premature beat.
 
@@ -516,9 +568,7 @@ class ECGBeatClassificationDataset(Dataset):
             Tuple[int, int]: RR tokens before and after the beat.
         """
         edges = rr_edges(self.params)
-        bins = np.asarray(rr_tokens, np.int64) - self.vocab.rr_base
-        bins = bins[(bins >= 0) & (bins < int(self.params.rr_bins))]  # known intervals (the beat's own at least)
-        cycle = float(np.median(0.5 * (edges[bins] + edges[bins + 1])))  # s, bin middles
+        cycle = self._cycle_s(rr_tokens)  # s, bin middles
         rng = np.random.default_rng((self.seed, k, 4))
         pre = rng.uniform(*self.PREMATURE_RATIO)
         post = min(rng.uniform(*self.PAUSE_RATIO), 1.95 - pre)
@@ -565,6 +615,8 @@ class ECGBeatClassificationDataset(Dataset):
         after = int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr
         if self.synthetic[k]:  # a normal beat made premature (label S): see _premature
             beat[1], after = self._premature(k, ctx + [int(beat[1])])
+        elif self.irregular[k]:  # a normal beat inside a synthetic fibrillating rhythm (label N): see _irregular
+            *ctx, beat[1], after = self._irregular(k, ctx + [int(beat[1]), after])
         nxt = [after] if self.next_rr else []
         shown = tmpl.tolist() if self.show_template else []
         return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id]
@@ -901,6 +953,7 @@ def _classification(
     premature_synth: float = 0.0,
     show_template: bool = True,
     premature_max_irregularity: Optional[float] = None,
+    irregular_synth: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     if premature_max_irregularity is not None and not premature_synth:
         raise ValueError("premature_max_irregularity limits premature_synth: it needs premature_synth > 0")
@@ -915,6 +968,7 @@ def _classification(
         record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap, next_rr=next_rr,
         template_delta=template_delta, premature_synth=0.0 if evaluation else premature_synth,
         show_template=show_template, premature_max_irregularity=premature_max_irregularity,
+        irregular_synth=0.0 if evaluation else irregular_synth,
     )
 
 
@@ -944,6 +998,7 @@ def ecg_beat_classification_dataset(
     premature_synth: float = 0.0,
     show_template: bool = True,
     premature_max_irregularity: Optional[float] = None,
+    irregular_synth: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -1006,6 +1061,11 @@ def ecg_beat_classification_dataset(
             most this, are made premature (None: any context). In atrial fibrillation every
             interval is "early" or "late" and every beat is N: synthesizing S there teaches the
             model to call fibrillating normal beats S.
+        irregular_synth (float): training only: probability that a drawn N example that is not
+            made premature is shown inside a synthetic fibrillating rhythm (context, own and
+            following intervals redrawn around the patient's cycle with a 10-30% irregularity),
+            labelled N: the counterpart of ``premature_synth``, so that "early" means S only in
+            a regular rhythm. Off (0) by default.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -1018,7 +1078,7 @@ def ecg_beat_classification_dataset(
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
-        premature_max_irregularity=premature_max_irregularity,
+        premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
     )
 
 
@@ -1112,6 +1172,7 @@ def ecg_beat_dpo_dataset(
     premature_synth: float = 0.0,
     show_template: bool = True,
     premature_max_irregularity: Optional[float] = None,
+    irregular_synth: float = 0.0,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
@@ -1130,7 +1191,7 @@ def ecg_beat_dpo_dataset(
         template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
-        premature_max_irregularity=premature_max_irregularity,
+        premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
     ))
 
 

@@ -463,6 +463,70 @@ def test_premature_synth_with_an_irregularity_limit_skips_irregular_contexts(hlm
         ecg_beat_classification_dataset(tk, **{**kw, "premature_max_irregularity": -1})
 
 
+def test_irregular_synth_shows_n_beats_in_a_fibrillating_rhythm_and_never_in_evaluation(hlm):
+    """A share p of the drawn N examples that are not made premature: same waveform and template,
+    every known RR token (context, own, following) redrawn around the context's cycle with an
+    irregularity of fibrillation (slow reference), answer still N. Other examples and
+    evaluation are untouched; premature and irregular examples never overlap."""
+    import statistics
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+    from hlmtune.ecg_tokenizer.vocab import SEP_ID, rr_edges
+
+    tk = hlm["tk"]
+    v = tk.vocab
+    e = [float(x) for x in rr_edges(tk.params)]
+    sec = lambda t: (e[t - v.rr_base] + e[t - v.rr_base + 1]) / 2  # noqa: E731
+    is_rr = lambda t: v.rr_base <= t < v.rr_base + tk.params.rr_bins  # noqa: E731
+
+    def intervals(prompt):  # known RR tokens: the context, the beat's own (after <sep>), the following one
+        sep = prompt.index(SEP_ID)
+        return [sec(t) for t in prompt[1:sep] + [prompt[sep + 1], prompt[-2]] if is_rr(t)]
+
+    def irregularity(x):  # median |successive difference| / median interval, written out
+        return statistics.median(abs(b - a) for a, b in zip(x, x[1:])) / statistics.median(x)
+
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=16, beat_samples=96)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    irr = ecg_beat_classification_dataset(tk, irregular_synth=0.5, **kw)
+    n_id = v.label_base + v.classes.index("N")
+    changed, n_total, before, after = 0, 0, [], []
+    for k in range(len(plain)):
+        a, b = plain.prompt(k), irr.prompt(k)
+        assert irr.label_of(k) == plain.label_of(k)  # the class never changes
+        if plain.label_of(k) != "N":
+            assert b == a
+            continue
+        n_total += 1
+        if b == a:
+            continue
+        changed += 1
+        assert irr[k]["tokens"][len(b)] == n_id and irr[k]["labels"][len(b)] == n_id
+        sep = a.index(SEP_ID)
+        assert len(b) == len(a) and b[sep + 2 : -2] == a[sep + 2 : -2] and b[:1] == a[:1]  # waveform, template
+        assert all(is_rr(x) == is_rr(y) for x, y in zip(a, b))  # only RR tokens moved; unknown ones stay unknown
+        x, y = intervals(a), intervals(b)
+        if len(x) >= 8:
+            before.append(irregularity(x))
+            after.append(irregularity(y))
+            # around the patient's cycle: the median interval moves by less than a third
+            assert abs(statistics.median(y) / statistics.median(x) - 1) < 1 / 3, k
+    assert n_total > 50 and 0.4 < changed / n_total < 0.6
+    # sinus rhythm in most of these records: a few percent; redrawn: the 10-30% of fibrillation
+    assert statistics.median(before) < 0.06 and 0.08 < statistics.median(after) < 0.35, (before, after)
+    both = ecg_beat_classification_dataset(tk, irregular_synth=0.5, premature_synth=0.5, **kw)
+    assert both.irregular.any() and both.synthetic.any() and not (both.irregular & both.synthetic).any()
+    ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
+              classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True)
+    e1, e2 = _classification(tk, irregular_synth=1.0, **ev), _classification(tk, **ev)
+    assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
+    with pytest.raises(ValueError, match="irregular_synth must be 0..1"):
+        ecg_beat_classification_dataset(tk, **{**kw, "irregular_synth": 1.5})
+    with pytest.raises(ValueError, match="lack N"):
+        ecg_beat_classification_dataset(tk, **{**kw, "classes": ["S", "V"], "irregular_synth": 0.2})
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates
