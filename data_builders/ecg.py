@@ -419,6 +419,7 @@ class ECGBeatClassificationDataset(Dataset):
         self.beat_samples, self.offset = _crop(params, beat_samples)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
         self.augment, self.seed, self._edges = bool(augment), int(seed), quantizer_edges(params)
+        self._rr_edges = rr_edges(params)  # (rr_bins + 1,) s: the RR grid of every RR token
         if not 0 <= int(template_beats) <= 100_000:
             raise ValueError(f"template_beats must be 0 (off) or the beats of the median template, got {template_beats}")
         # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
@@ -460,35 +461,30 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError(f"premature_synth must be 0..1, got {premature_synth}")
         if premature_synth and not ("N" in self.classes and "S" in self.classes):
             raise ValueError(f"premature_synth turns N examples into S examples: classes {self.classes} need both")
-        # (len,) examples shown as a synthetic premature beat and labelled S (drawn once: every epoch the same);
-        # only N beats whose own interval is known (a record's first beat has none to shorten)
-        self.synthetic = np.zeros(self.index.size, bool)
-        if premature_synth:
-            e = self.index
-            known = np.array([self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
-            self.synthetic = ((self.label[e] == self.vocab.classes.index("N")) & known
-                              & (np.random.default_rng((self.seed, 3)).random(e.size) < float(premature_synth)))
-        if premature_max_irregularity is not None:
-            if not 0.0 < float(premature_max_irregularity) <= 10.0:
-                raise ValueError(f"premature_max_irregularity must be in (0, 10] or null, got {premature_max_irregularity}")
-            edges = rr_edges(params)
-            for k in np.flatnonzero(self.synthetic):  # the drawn beats only: a few thousand
-                r, b = int(self.rec[self.index[k]]), int(self.beat[self.index[k]])
-                bins = self.rr_tokens[r][max(0, b - self.context_beats) : b] - self.vocab.rr_base
-                bins = bins[(bins >= 0) & (bins < int(params.rr_bins))]  # the context's known intervals
-                mids = 0.5 * (edges[bins] + edges[bins + 1])  # s (relative with normalized_rr: a ratio is what counts)
-                self.synthetic[k] = rhythm_irregularity(mids) <= float(premature_max_irregularity)
         if not 0.0 <= float(irregular_synth) <= 1.0:
             raise ValueError(f"irregular_synth must be 0..1, got {irregular_synth}")
         if irregular_synth and "N" not in self.classes:
             raise ValueError(f"irregular_synth shows N examples in an irregular rhythm: classes {self.classes} lack N")
+        e = self.index
+        # (len,) drawn N examples whose own interval is known (a record's first beat has none to
+        # redraw): the candidates of premature_synth and irregular_synth
+        n_known = np.zeros(e.size, bool)
+        if premature_synth or irregular_synth:
+            n_known = (self.label[e] == self.vocab.classes.index("N")) & np.array(
+                [self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
+        # (len,) examples shown as a synthetic premature beat and labelled S (drawn once: every epoch the same)
+        self.synthetic = n_known & (np.random.default_rng((self.seed, 3)).random(e.size) < float(premature_synth))
+        if premature_max_irregularity is not None:
+            if not 0.0 < float(premature_max_irregularity) <= 10.0:
+                raise ValueError(f"premature_max_irregularity must be in (0, 10] or null, got {premature_max_irregularity}")
+            for k in np.flatnonzero(self.synthetic):  # the drawn beats only: a few thousand
+                r, b = int(self.rec[self.index[k]]), int(self.beat[self.index[k]])
+                # s, the context's known intervals (relative with normalized_rr: a ratio is what counts)
+                mids = self._intervals_s(self.rr_tokens[r][max(0, b - self.context_beats) : b])
+                self.synthetic[k] = rhythm_irregularity(mids) <= float(premature_max_irregularity)
         # (len,) N examples shown inside a synthetic fibrillating rhythm (label N), never a premature one
-        self.irregular = np.zeros(self.index.size, bool)
-        if irregular_synth:
-            e = self.index
-            known = np.array([self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
-            self.irregular = ((self.label[e] == self.vocab.classes.index("N")) & known & ~self.synthetic
-                              & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
+        self.irregular = (n_known & ~self.synthetic
+                          & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -520,12 +516,15 @@ class ECGBeatClassificationDataset(Dataset):
     # irregularity of atrial fibrillation that rhythm_irregularity measures (sinus: a few percent).
     IRREGULAR_SIGMA = (0.08, 0.2)
 
-    def _cycle_s(self, rr_tokens: Sequence[int]) -> float:
-        """The patient's cycle in s: median of the known intervals among ``rr_tokens`` (bin middles)."""
-        edges = rr_edges(self.params)
+    def _intervals_s(self, rr_tokens: Sequence[int]) -> np.ndarray:
+        """The known intervals among ``rr_tokens`` in s (bin middles); unknown ones are dropped."""
         bins = np.asarray(rr_tokens, np.int64) - self.vocab.rr_base
-        bins = bins[(bins >= 0) & (bins < int(self.params.rr_bins))]  # known intervals (the beat's own at least)
-        return float(np.median(0.5 * (edges[bins] + edges[bins + 1])))
+        bins = bins[(bins >= 0) & (bins < int(self.params.rr_bins))]
+        return 0.5 * (self._rr_edges[bins] + self._rr_edges[bins + 1])
+
+    def _cycle_s(self, rr_tokens: Sequence[int]) -> float:
+        """The patient's cycle in s: median of the known intervals among ``rr_tokens`` (the beat's own at least)."""
+        return float(np.median(self._intervals_s(rr_tokens)))
 
     def _irregular(self, k: int, rr_tokens: Sequence[int]) -> List[int]:
         """``rr_tokens`` (context, the beat's own, the following) redrawn as a fibrillating rhythm.
@@ -547,7 +546,7 @@ class ECGBeatClassificationDataset(Dataset):
         toks = np.asarray(rr_tokens, np.int64)
         known = (toks >= self.vocab.rr_base) & (toks < self.unknown_rr)
         secs = self._cycle_s(toks[known]) * np.exp(rng.normal(0.0, sigma, int(known.sum())))
-        toks[known] = self.vocab.rr_base + rr_bin(secs, rr_edges(self.params))
+        toks[known] = self.vocab.rr_base + rr_bin(secs, self._rr_edges)
         return toks.tolist()
 
     def _premature(self, k: int, rr_tokens: Sequence[int]) -> Tuple[int, int]:
@@ -567,7 +566,7 @@ class ECGBeatClassificationDataset(Dataset):
         Returns:
             Tuple[int, int]: RR tokens before and after the beat.
         """
-        edges = rr_edges(self.params)
+        edges = self._rr_edges
         cycle = self._cycle_s(rr_tokens)  # s, bin middles
         rng = np.random.default_rng((self.seed, k, 4))
         pre = rng.uniform(*self.PREMATURE_RATIO)
