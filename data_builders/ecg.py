@@ -503,6 +503,10 @@ class ECGBeatClassificationDataset(Dataset):
         """Class name of example ``k`` (S for a synthetic premature beat)."""
         return "S" if self.synthetic[k] else self.vocab.classes[int(self.label[self.index[k]])]
 
+    def record_of(self, k: int) -> str:
+        """Record (patient) of example ``k``'s target beat."""
+        return self.beats.names[int(self.rec[self.index[k]])]
+
     # Intervals of a synthetic premature beat relative to the patient's cycle (the median RR of
     # the prompt's context, see _premature): an isolated atrial premature beat comes at 55-85% of
     # the cycle and is followed by a pause longer than the cycle (1.05-1.5x) that is not fully
@@ -772,6 +776,10 @@ class ECGBeatStreamDataset(Dataset):
         j = np.flatnonzero(labelled)
         return tokens, (1 + j * pb + pb - 1).tolist(), cls[j].tolist()
 
+    def record_of(self, k: int) -> str:
+        """Record (patient) of window ``k``: every beat it classifies is that record's."""
+        return self.beats.names[int(self.windows[k, 0])]
+
     def __getitem__(self, k: int) -> Dict[str, List[int]]:
         tokens, query_at, cls = self.window(k)
         labels = [IGNORE] * len(tokens)
@@ -858,6 +866,10 @@ class ECGAFDataset(Dataset):
     def is_af(self, k: int) -> bool:
         """Target of example ``k``."""
         return bool(self.target[self.index[k]])
+
+    def record_of(self, k: int) -> str:
+        """Record (patient) of example ``k``'s segment."""
+        return self.beats.names[int(self.rec[self.index[k]])]
 
     def prompt(self, k: int) -> List[int]:
         """``<bos>`` + one token per beat of the segment + ``<af?>``."""

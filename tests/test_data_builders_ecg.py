@@ -89,6 +89,7 @@ def test_classification_prompts_hold_no_label_and_answer_last(hlm):
         assert prompt[-1] == v.ids["<beat?>"] and is_label(toks[answer_pos[0]])
         # the answer is the annotated class of the beat whose waveform ends the prompt
         rec, j = hlm["train"][int(ds.rec[ds.index[k]])], int(ds.beat[ds.index[k]])
+        assert ds.record_of(k) == rec  # the record whose tables the prompt is checked against below
         t = tables[rec]
         assert toks[answer_pos[0]] - v.label_base == t["label"][j]
         beat = prompt[-(2 + 130) : -2]  # <sep> rr q*128, then rr(next) <beat?>
@@ -629,7 +630,7 @@ def test_stream_evaluation_labels_every_target_beat_once(hlm):
     seen = {}
     for k in range(len(ds)):
         i, first, n_beats, lab, anchor = (int(x) for x in ds.windows[k])
-        assert anchor == -1
+        assert anchor == -1 and ds.record_of(k) == hlm["test"][i]
         tokens, query_at, cls = ds.window(k)
         for q, c in zip(query_at, cls):
             b = first + (q - 1) // 100
@@ -641,6 +642,31 @@ def test_stream_evaluation_labels_every_target_beat_once(hlm):
         want = {b for b, lab in enumerate(table["label"]) if tk.vocab.classes[lab] in ("N", "V")}
         assert {b for (j, b) in seen if j == i} == want
         assert all(ds.classes[seen[(i, b)]] == tk.vocab.classes[table["label"][b]] for b in want)
+
+
+def test_record_of_names_each_test_examples_patient(hlm):
+    """Evaluation examples come record by record, every labelled beat once: the record of each
+    example (what ``hlmtune eval``'s per-record table groups by) against the raw beat tables."""
+    from hlmtune.data_builders.ecg import _classification
+
+    tk = hlm["tk"]
+    ds = _classification(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]),
+                         context_beats=4, classes=["N", "S", "V"], balance=None, num_examples=None, seed=0,
+                         random_test_fraction=0.2, evaluation=True, beat_samples=96)
+    want = []
+    for record in hlm["test"]:
+        labels = _beats(hlm, record)["label"]
+        want += [record] * sum(tk.vocab.classes[lab] in ("N", "S", "V") for lab in labels)
+    assert len(set(want)) > 1 and [ds.record_of(k) for k in range(len(ds))] == want
+    # a class-balanced training draw: example k's beat (<sep> rr q...q) is found in record_of(k)'s shard
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+
+    tr = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), context_beats=0, num_examples=300)
+    shard = {r: np.load(Path(hlm["shards"]) / "records" / f"{_stem(r)}.tokens.npy", mmap_mode="r") for r in hlm["train"]}
+    for k in range(0, len(tr), 7):
+        rec, j = tr.record_of(k), int(tr.beat[tr.index[k]])
+        start = int(_beats(hlm, rec)["token_start"][j])
+        assert tr.prompt(k)[1:-2] == shard[rec][start : start + 130].tolist()
 
 
 def test_stream_rejects_a_window_too_short_for_its_context(hlm):
@@ -767,6 +793,12 @@ def test_af_targets_come_from_rhythms_never_the_input(hlm, tmp_path):
         assert item["tokens"][-2] == answers[ds.is_af(k)] and item["labels"][-2] == item["tokens"][-2]
         yes += ds.is_af(k)
     assert 0 < yes < len(ds)  # the synthetic records hold AF episodes and sinus rhythm
+    # segments of 41 beats every 41 beats, record by record (balance None: each one once, in order)
+    want = []
+    for record in names["DS1"] + names["DS2"][:-1]:
+        n_beats = int(np.load(tmp_path / "ann" / "records" / f"{_stem(record)}.beats.npy", mmap_mode="r").size)
+        want += [record] * ((n_beats - 41) // 41 + 1)
+    assert [ds.record_of(k) for k in range(len(ds))] == want
 
 
 def test_annotation_shards_are_refused_for_beat_classes(tmp_path):

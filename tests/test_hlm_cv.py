@@ -89,6 +89,16 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
         cal.macro_f1(np.concatenate(truths), np.concatenate(nested), len(doc["classes"])))
     report = (out / "report.md").read_text()
     assert "DS2 was not read" in report and "SYNTHETIC" in report and "## With a class bias" in report
+    # per record, pooled: each beat under its own held-out patient, adding up to the pooled confusion
+    by_rec = doc["pooled"]["per_record"]
+    for k, held in enumerate(folds, start=1):
+        named = np.load(out / f"fold{k}" / "report" / "predictions.npz")["record"].tolist()
+        assert named and set(named) <= set(held)
+        for rec in set(named):
+            assert by_rec[rec]["n"] == named.count(rec)
+    assert sum(v["n"] for v in by_rec.values()) == 300
+    assert np.sum([v["confusion"] for v in by_rec.values()], axis=0).tolist() == doc["pooled"]["confusion"]
+    assert "## Per record (pooled, uncalibrated)" in report and f"| {next(iter(by_rec))} |" in report
     # a rerun keeps every fold, its evaluation included
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -132,3 +132,36 @@ def test_class_table_rows_follow_the_class_order_not_the_json_key_order():
     rows = [line.split("|")[1].strip() for line in class_table(reloaded, ["N", "S", "V", "F"]).splitlines()[2:]]
     assert rows == ["N", "S", "V", "F", "macro"]
     assert class_table(reloaded, ["N", "S", "V", "F"]) == class_table(r)
+
+
+def test_per_record_confusions_match_a_hand_count_and_sum_to_the_whole():
+    import random
+
+    from hlmtune.hlm.evaluate import confusion_matrix, per_record, record_table
+
+    rng = random.Random(0)
+    classes = ["N", "S", "V", "F"]
+    records = [r for r in ("232", "100", "105") for _ in range(rng.randrange(5, 40))]
+    truth = [rng.randrange(4) for _ in records]
+    pred = [t if rng.random() < 0.6 else rng.randrange(4) for t in truth]
+    got = per_record(truth, pred, records, classes)
+    assert list(got) == ["232", "100", "105"]  # order of first appearance, as the test set runs
+    for rec, v in got.items():
+        # by hand: a dict of counts per (true, predicted) pair of this record's beats
+        counts = {}
+        for r, t, p in zip(records, truth, pred):
+            if r == rec:
+                counts[(t, p)] = counts.get((t, p), 0) + 1
+        assert v["confusion"] == [[counts.get((t, p), 0) for p in range(4)] for t in range(4)]
+        assert v["n"] == records.count(rec)
+        s = v["per_class"]["S"]
+        assert s["tp"] == counts.get((1, 1), 0) and s["support"] == sum(counts.get((1, p), 0) for p in range(4))
+        assert s["fp"] == sum(counts.get((t, 1), 0) for t in (0, 2, 3))
+    total = [[sum(v["confusion"][t][p] for v in got.values()) for p in range(4)] for t in range(4)]
+    assert total == confusion_matrix(truth, pred, 4)
+    table = record_table({"per_record": got}, classes)
+    x = got["232"]["per_class"]["V"]
+    assert f"| 232 | {got['232']['n']} |" in table and f"{x['tp']} / {x['support']} (+{x['fp']})" in table
+    with pytest.raises(ValueError, match="3 records"):
+        per_record([0, 1], [0, 1], ["a", "b", "c"], classes)
+

@@ -51,6 +51,21 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert "pretrain: finished before, kept" in proc.stderr and "fine-tune: finished before, kept" in proc.stderr
     m = json.loads((out / "report" / "metrics.json").read_text())
     assert list(m["results"]) == ["HLM (this run)"] == m["row_order"] and m["ensemble"] == []
+    # an evaluation whose predictions.npz names no records (written before per-record tables) is
+    # redone on rerun; the trained models are kept
+    import numpy as np
+
+    npz = out / "report" / "predictions.npz"
+    with np.load(npz) as z:
+        old = {k: z[k] for k in z.files if k != "record"}
+    np.savez(npz, **old)
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fine-tune: finished before, kept" in proc.stderr and "evaluation: finished before" not in proc.stderr
+    with np.load(npz) as z:
+        assert z["record"].size == 96
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
+    assert "evaluation: finished before with these models, kept" in proc.stderr
     # --pretrainings 2: fine-tune 1 starts from a second pretrained model (seed 1); the first pair is kept
     proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK, "--seeds", "2", "--pretrainings", "2"],
                           capture_output=True, text=True, env=env)

@@ -76,7 +76,7 @@ def test_pretraining_two_ranks(shards, tmp_path):
     assert json.loads((out / "metrics" / "run.json").read_text())["world_size"] == 2
 
 
-def test_lora_learns_classes_and_eval_has_every_field(lora_run, tmp_path):
+def test_lora_learns_classes_and_eval_has_every_field(shards, lora_run, tmp_path):
     ls = losses(lora_run)
     # The class token was never a pretraining target: the loss starts high and must drop fast.
     assert _drop(ls) > 1.5, ls
@@ -91,6 +91,17 @@ def test_lora_learns_classes_and_eval_has_every_field(lora_run, tmp_path):
     assert (tmp_path / "eval" / "confusion.png").stat().st_size > 1000
     report = (tmp_path / "eval" / "report.md").read_text()
     assert report.startswith("**Inter-patient evaluation") and "de Chazal et al. 2004" in report
+    # per record: test patients only, their confusions adding up to the whole; predictions.npz
+    # names the record of each beat
+    import numpy as np
+
+    by_rec = r["per_record"]
+    assert set(by_rec) <= set(shards["test"]) and by_rec
+    assert np.sum([v["confusion"] for v in by_rec.values()], axis=0).tolist() == r["confusion"]
+    saved = np.load(tmp_path / "eval" / "predictions.npz")
+    assert {str(x): int((saved["record"] == x).sum()) for x in set(saved["record"].tolist())} == \
+        {rec: v["n"] for rec, v in by_rec.items()}
+    assert "## Per record: HLM (this run)" in report and f"| {next(iter(by_rec))} |" in report
 
 
 def test_lora_two_ranks(shards, pretrained, tmp_path):

@@ -172,7 +172,7 @@ def run_cv(
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1
     from hlmtune.hlm import calibrate
-    from hlmtune.hlm.evaluate import class_table, headline
+    from hlmtune.hlm.evaluate import class_table, headline, per_record, record_table
     from hlmtune.hlm.pipeline import SYNTHETIC_MARK, find_data, run_pipeline
 
     _check_overrides(finetune_overrides)
@@ -195,6 +195,7 @@ def run_cv(
 
     fold_truth: List[np.ndarray] = []
     fold_lp: List[np.ndarray] = []
+    fold_records: List[Optional[np.ndarray]] = []  # None: a fold evaluated before predictions.npz named records
     rows: List[Dict[str, Any]] = []
     classes: List[str] = []
     for k, held in enumerate(parts):
@@ -210,6 +211,7 @@ def run_cv(
         fold_truth.append(pred["truth"])
         # the fold's result row: the run, or its seeds' ensemble (never calibrated: cv fits that)
         fold_lp.append(pred["logprobs"][0])
+        fold_records.append(pred["record"] if "record" in pred.files else None)
         metrics = json.loads((report.parent / "metrics.json").read_text())
         r = headline(metrics)
         rows.append({"fold": k + 1, "held_out": held, "train": train, "n": r["n"], "macro_f1": r["macro_f1"],
@@ -220,6 +222,11 @@ def run_cv(
     scored = [classes.index(c) for c in calibrate_classes] if calibrate_classes else None
     fold_pred = [lp.argmax(1) for lp in fold_lp]
     pooled = _pooled(fold_pred, fold_truth, classes)
+    by_record = None
+    if all(r is not None for r in fold_records):
+        by_record = per_record(np.concatenate(fold_truth).tolist(), np.concatenate(fold_pred).tolist(),
+                               np.concatenate(fold_records).tolist(), classes)
+        pooled["per_record"] = by_record
     nested = _pooled(calibrate.nested_predictions(list(zip(fold_lp, fold_truth)), scored=scored), fold_truth, classes)
     bias = calibrate.fit_class_bias(np.concatenate(fold_lp), np.concatenate(fold_truth), scored=scored)
     fitted = _pooled([calibrate.apply_bias(lp, bias) for lp in fold_lp], fold_truth, classes)
@@ -273,6 +280,12 @@ def run_cv(
         "",
         f"Confusion (rows true, columns predicted {' / '.join(classes)}), pooled, uncalibrated: "
         + "; ".join(f"{c} {' / '.join(map(str, row))}" for c, row in zip(classes, pooled["confusion"])),
+        "",
+        "## Per record (pooled, uncalibrated)",
+        "",
+        *(["Per class: beats of the class classified as it / beats of the class (+ beats of other classes "
+           "classified as it).", "", record_table(pooled, classes)] if by_record is not None else
+          ["Not available: a fold's `predictions.npz` names no records."]),
         "",
     ]
     atomic_write_text(out / "report.md", "\n".join(lines))

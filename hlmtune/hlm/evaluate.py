@@ -7,9 +7,10 @@ next token was not a class token is reported too). Batched, no gradient.
 
 Outputs in ``--out`` (default ``<output_dir>/eval``): ``metrics.json`` (every figure below),
 ``confusion.csv`` and ``confusion.png``, ``report.md`` (the table beside the published
-inter-patient baselines). Per class: sensitivity (Se, recall), positive predictivity (+P,
-precision), F1 and support; macro-F1 over the evaluated classes; accuracy. For the atrial
-fibrillation task: AF Se, +P, F1.
+inter-patient baselines, and a per-record table), ``predictions.npz`` (each row's class
+log-probabilities per test beat, with its record). Per class: sensitivity (Se, recall), positive
+predictivity (+P, precision), F1 and support; macro-F1 over the evaluated classes; accuracy;
+the same per record (patient). For the atrial fibrillation task: AF Se, +P, F1.
 
 Guards: the test records must not meet the run's training records (:func:`splits.check_disjoint`);
 with ``split: random`` every report's first line says the numbers are not comparable.
@@ -84,6 +85,35 @@ def summarize(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Any]:
         "accuracy": sum(m[k][k] for k in range(len(classes))) / total if total else None,
         "n": total,
     }
+
+
+def per_record(truth: Sequence[int], pred: Sequence[int], records: Sequence[str],
+               classes: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """:func:`summarize` (and the confusion matrix) of each record's beats on its own.
+
+    Inter-patient results hinge on a few patients (one DS2 record can hold most of a class's
+    beats), so a pooled figure needs its per-patient view beside it.
+
+    Args:
+        truth (Sequence[int]): true class index per test example.
+        pred (Sequence[int]): predicted class index per test example.
+        records (Sequence[str]): the record (patient) of each test example.
+        classes (Sequence[str]): class names, in index order.
+
+    Returns:
+        Dict[str, Dict[str, Any]]: per record, in order of first appearance: ``per_class``,
+        ``macro_f1``, ``accuracy``, ``n`` and ``confusion``.
+    """
+    if not len(truth) == len(pred) == len(records):
+        raise ValueError(f"per_record: {len(truth)} truths, {len(pred)} predictions, {len(records)} records")
+    rows: Dict[str, List[int]] = {}
+    for k, r in enumerate(records):
+        rows.setdefault(str(r), []).append(k)
+    out: Dict[str, Dict[str, Any]] = {}
+    for r, ks in rows.items():
+        m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
+        out[r] = {**summarize(m, classes), "confusion": m}
+    return out
 
 
 # ----------------------------------------------------------------------------- model
@@ -349,6 +379,23 @@ def class_table(r: Dict[str, Any], classes: Optional[Sequence[str]] = None) -> s
     return "\n".join(lines)
 
 
+def record_table(r: Dict[str, Any], classes: Sequence[str]) -> str:
+    """Markdown table of a result's ``per_record`` figures: per class, found / beats (+ false).
+
+    A cell ``12 / 1382 (+3)`` reads: of the record's 1,382 beats of the class, 12 were
+    classified as it, and 3 beats of other classes were classified as it.
+    """
+    lines = ["| record | beats | " + " | ".join(classes) + " | accuracy % |",
+             "|---|---|" + "---|" * len(classes) + "---|"]
+    for rec, v in r["per_record"].items():
+        cells = []
+        for c in classes:
+            x = v["per_class"][c]
+            cells.append(f"{x['tp']} / {x['support']}" + (f" (+{x['fp']})" if x["fp"] else ""))
+        lines.append(f"| {rec} | {v['n']} | " + " | ".join(cells) + f" | {_fmt(v['accuracy'])} |")
+    return "\n".join(lines)
+
+
 def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title: str) -> None:
     """Row-normalised confusion matrix with counts, as PNG (atomic write)."""
     import matplotlib
@@ -438,6 +485,7 @@ def evaluate(
         train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
     random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
     positions: Optional[List[List[int]]] = None
+    records: List[str] = []  # the record (patient) of each classified beat / segment
     if kind == "stream":  # windows of consecutive beats, several classified beats each
         prompts, positions, truth = [], [], []
         n_total = int(sum(int((t >= 0).sum()) for t in ds.target))
@@ -448,12 +496,14 @@ def evaluate(
             prompts.append(tokens)
             positions.append(query_at)
             truth.extend(cls)
+            records.extend([ds.record_of(k)] * len(cls))
         n = len(truth)
         kind = "beat"
     else:
         n_total = len(ds)
         n = n_total if max_examples is None else min(n_total, int(max_examples))
         prompts = [ds.prompt(k) for k in range(n)]
+        records = [ds.record_of(k) for k in range(n)]
     if kind == "beat":
         classes = list(ds.classes)
         v = ds.vocab
@@ -507,7 +557,8 @@ def evaluate(
         logprobs.append(lp)
         m = confusion_matrix(truth, pred, len(classes))
         r = summarize(m, classes)
-        r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off})
+        r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off,
+                  "per_record": per_record(truth, pred, records, classes)})
         results[name] = r
         del model
     rows = [lp.numpy() for lp in logprobs]  # per result row, (Q, C): saved in predictions.npz
@@ -517,7 +568,8 @@ def evaluate(
         m = confusion_matrix(truth, pred, len(classes))
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": [str(w) for _, w, _, _ in models],
-                  "off_vocabulary_argmax": None})  # no single LM's free argmax: see the members' rows
+                  "off_vocabulary_argmax": None,  # no single LM's free argmax: see the members' rows
+                  "per_record": per_record(truth, pred, records, classes)})
         results = {f"HLM ensemble of {len(models)} runs (mean class log-prob)": r, **results}
         rows = [mean.numpy(), *rows]
     calibrated = None
@@ -527,7 +579,7 @@ def evaluate(
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": next(iter(results.values()))["weights"],
                   "off_vocabulary_argmax": None, "class_bias": dict(zip(classes, map(float, bias))),
-                  "calibration": str(calibration)})
+                  "calibration": str(calibration), "per_record": per_record(truth, pred, records, classes)})
         calibrated = f"{next(iter(results))} + class bias fitted on DS1 CV"
         results = {calibrated: r, **results}
         rows = [rows[0] + bias[None, :].astype("float32"), *rows]
@@ -561,7 +613,7 @@ def evaluate(
 
     buf = io.BytesIO()
     np.savez(buf, truth=np.asarray(truth, dtype=np.int64), logprobs=np.stack(rows).astype(np.float32),
-             rows=np.array(list(results)), classes=np.array(classes))
+             rows=np.array(list(results)), classes=np.array(classes), record=np.array(records, dtype=str))
     atomic_write_bytes(out / "predictions.npz", buf.getvalue())
     metrics["calibration"] = str(calibration) if calibrated else None
     # metrics.json sorts its keys: these two keep the rows' order and name the headline row
@@ -591,7 +643,10 @@ def evaluate(
                baseline_table(results), "",
                "Baseline figures as the papers state them; ours from `metrics.json`."
                + (" Not comparable: random beat split." if random_split else ""), ""]
-    md += ["![confusion matrix](confusion.png)", ""]
+    md += ["![confusion matrix](confusion.png)", "",
+           f"## Per record: {metrics['result']}", "",
+           "Per class: beats of the class classified as it / beats of the class (+ beats of other "
+           "classes classified as it).", "", record_table(first, classes), ""]
     atomic_write_bytes(out / "report.md", "\n".join(md).encode())
     metrics["out_dir"] = str(out)
     return metrics

@@ -295,6 +295,17 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: Optional[flo
             f"{peak:.2f} | {wall} ({tps:,.0f} trained tokens/s) |")
 
 
+def _names_records(predictions: Path) -> bool:
+    """Whether an evaluation's ``predictions.npz`` exists and names each test beat's record."""
+    import numpy as np
+
+    try:
+        with np.load(predictions) as z:
+            return "record" in z.files
+    except (OSError, ValueError):  # missing or unreadable: evaluate again
+        return False
+
+
 def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = PRETRAIN_STEPS,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
@@ -432,7 +443,9 @@ def run_pipeline(
     asked = {"runs": [str(r) for r in fts], "max_eval": max_eval,
              "calibration": str(Path(calibration).resolve()) if calibration else None,
              "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
-    if (not force and not retrained and (report / "predictions.npz").is_file() and (report / "metrics.json").is_file()
+    # An evaluation written before predictions.npz named each beat's record is redone (the
+    # models are kept): the per-record tables of the report and of `hlmtune cv` need them.
+    if (not force and not retrained and _names_records(report / "predictions.npz") and (report / "metrics.json").is_file()
             and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) == asked):
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
         metrics = json.loads((report / "metrics.json").read_text())
