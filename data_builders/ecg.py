@@ -515,10 +515,14 @@ class ECGBeatClassificationDataset(Dataset):
     PAUSE_RATIO = (1.05, 1.5)
 
     # Spread of a synthetic fibrillating rhythm: each interval is the cycle times exp(N(0, sigma)),
-    # sigma drawn per example. Successive differences of such intervals have a median |d| of
-    # about 0.95 * sqrt(2) * sigma ~ 1.35 sigma of the cycle, so 0.08-0.2 gives the 10-30%
-    # irregularity of atrial fibrillation that rhythm_irregularity measures (sinus: a few percent).
-    IRREGULAR_SIGMA = (0.08, 0.2)
+    # sigma drawn per example. A successive difference is then about cycle * N(0, 2 sigma^2), and
+    # the median of |N(0, s^2)| is 0.674 s, so rhythm_irregularity (median |d| / median interval)
+    # is about 0.674 * sqrt(2) * sigma = 0.95 sigma (0.96 in simulation). The range matches the
+    # N beats of DS1's atrial fibrillation and flutter (records 201 and 203, 3,389 beats, 16
+    # intervals before each): irregularity 0.15 (10th percentile) to 0.45 (90th), median 0.27;
+    # sinus rhythm: a few percent. (Until 2026-11-26 this was 0.08-0.2, from a derivation that
+    # counted sqrt(2) twice: an irregularity of 0.08-0.19, milder than most of DS1's fibrillation.)
+    IRREGULAR_SIGMA = (0.15, 0.45)
 
     def _intervals_s(self, rr_tokens: Sequence[int]) -> np.ndarray:
         """The known intervals among ``rr_tokens`` in s (bin middles); unknown ones are dropped."""

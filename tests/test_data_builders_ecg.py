@@ -10,6 +10,7 @@ synthetic records otherwise. (Training runs of the model: ``test_hlm_recipes.py`
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -492,7 +493,7 @@ def test_irregular_synth_shows_n_beats_in_a_fibrillating_rhythm_and_never_in_eva
     plain = ecg_beat_classification_dataset(tk, **kw)
     irr = ecg_beat_classification_dataset(tk, irregular_synth=0.5, **kw)
     n_id = v.label_base + v.classes.index("N")
-    changed, n_total, before, after = 0, 0, [], []
+    changed, n_total, before, after, shift = 0, 0, [], [], []
     for k in range(len(plain)):
         a, b = plain.prompt(k), irr.prompt(k)
         assert irr.label_of(k) == plain.label_of(k)  # the class never changes
@@ -511,11 +512,16 @@ def test_irregular_synth_shows_n_beats_in_a_fibrillating_rhythm_and_never_in_eva
         if len(x) >= 8:
             before.append(irregularity(x))
             after.append(irregularity(y))
-            # around the patient's cycle: the median interval moves by less than a third
-            assert abs(statistics.median(y) / statistics.median(x) - 1) < 1 / 3, k
+            # around the patient's cycle: the median of ~18 draws with sigma <= 0.45 strays from it
+            # by ~0.13 in log (1.25 sigma / sqrt(n)); 0.6 is beyond 4 of those
+            shift.append(abs(math.log(statistics.median(y) / statistics.median(x))))
+            assert shift[-1] < 0.6, k
     assert n_total > 50 and 0.4 < changed / n_total < 0.6
-    # sinus rhythm in most of these records: a few percent; redrawn: the 10-30% of fibrillation
-    assert statistics.median(before) < 0.06 and 0.08 < statistics.median(after) < 0.35, (before, after)
+    # sinus rhythm in most of these records: a few percent; redrawn: as irregular as the N beats of
+    # DS1's atrial fibrillation (records 201 and 203: 10th / 50th / 90th percentile 0.15 / 0.27 / 0.45)
+    q10, q50, q90 = np.percentile(after, [10, 50, 90])
+    assert statistics.median(shift) < 0.12  # the cycle is kept
+    assert statistics.median(before) < 0.06 and 0.1 < q10 and 0.2 < q50 < 0.4 and q90 < 0.65, (q10, q50, q90)
     both = ecg_beat_classification_dataset(tk, irregular_synth=0.5, premature_synth=0.5, **kw)
     assert both.irregular.any() and both.synthetic.any() and not (both.irregular & both.synthetic).any()
     ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
