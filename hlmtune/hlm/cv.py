@@ -304,7 +304,8 @@ def register(subparsers: Any) -> None:
         description=textwrap.fill(
             "Split the DS1 records into K folds (S and V beats spread evenly), run the main job's stages per fold "
             "(pretrain on the fold's training records, LoRA fine-tune, predict the held-out patients), pool the "
-            "out-of-fold predictions, and write report.md, cv_metrics.json and calibration.json (a per-class bias "
+            "out-of-fold predictions (per fold, pooled and per record), and write report.md, cv_metrics.json and "
+            "calibration.json (a per-class bias "
             "on the class log-probabilities fitted for macro-F1, for `hlmtune eval --calibration`). DS2 is never "
             "read. Fine-tuning overrides after the flags apply to every fold (e.g. dataset.next_rr=False)."
         ),

@@ -663,8 +663,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Evaluate a trained HLM run: per-class sensitivity, positive predictivity and F1, macro-F1 and "
             "the confusion matrix on the test split, beside the published inter-patient baselines. The LM is "
-            "the classifier: its next token after <beat?> is the prediction. Writes metrics.json, "
-            "confusion.csv/.png and report.md to --out (default <output_dir>/eval)."
+            "the classifier: its next token after <beat?> is the prediction. Writes metrics.json (with the "
+            "figures of each test record), confusion.csv/.png, predictions.npz and report.md (with a per-record "
+            "table) to --out (default <output_dir>/eval)."
         ),
     )
     p.add_argument("--config", required=True,
