@@ -51,10 +51,21 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert "pretrain: finished before, kept" in proc.stderr and "fine-tune: finished before, kept" in proc.stderr
     m = json.loads((out / "report" / "metrics.json").read_text())
     assert list(m["results"]) == ["HLM (this run)"] == m["row_order"] and m["ensemble"] == []
-    # an evaluation whose predictions.npz names no records (written before per-record tables) is
-    # redone on rerun; the trained models are kept
+    # the headline row's per-record table: one row per test record, its beats adding up to the test set
+    text = (out / "report" / "report.md").read_text()
+    head = m["results"][m["result"]]
+    assert f"## Per record: {m['result']}" in text
+    rows = [x.split("|") for x in text.splitlines() if x.startswith("| ") and x.split("|")[1].strip() in head["per_record"]]
+    assert sorted(r[1].strip() for r in rows) == sorted(head["per_record"])
+    assert sum(int(r[2]) for r in rows) == m["n_examples"]
+    # an evaluation stamped by an older format (here: before predictions.npz named each beat's
+    # record, the stamp had no "format") is redone on rerun; the trained models are kept
     import numpy as np
 
+    stamp = out / "report" / "stage.json"
+    asked = json.loads(stamp.read_text())
+    assert asked.pop("format") >= 2
+    stamp.write_text(json.dumps(asked))
     npz = out / "report" / "predictions.npz"
     with np.load(npz) as z:
         old = {k: z[k] for k in z.files if k != "record"}

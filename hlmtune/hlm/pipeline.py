@@ -14,7 +14,8 @@ Stages (each resumes: a finished stage is not redone unless ``--force``):
 5. **evaluate**: ``hlmtune eval`` on DS2 (unseen patients); with ``--seeds K`` the K runs vote
    as an ensemble (mean class log-probability, ``hlmtune eval --ensemble``);
 6. **report**: ``report/report.md`` with loss curves, iteration time and peak memory per step,
-   the confusion matrix and the table beside the published baselines (PNG plots next to it).
+   the confusion matrix, the table beside the published baselines and the per-record table of
+   the result (PNG plots next to it).
 
 The path of the report is printed last. On 2 idle CPU cores with MIT-BIH the defaults take
 about 7 minutes (``README.md``, "Measured here").
@@ -42,6 +43,10 @@ SYNTHETIC_MARK = "SYNTHETIC"  # file in a database written by synthetic_database
 # Pretraining steps of the main job, `hlmtune cv` and benchmarks/ecg_quality.py: 600 beat 200 in DS1
 # cross-validation (docs/hlm.md, "pretraining 600 steps instead of 200"); ~5 min on 2 CPU ranks.
 PRETRAIN_STEPS = 600
+# Version of what the evaluation stage writes, kept in its stage stamp: an evaluation stamped
+# with an older version (or none) is redone on rerun, the trained models kept. 2: predictions.npz
+# names each test beat's record (the per-record tables of the report and of `hlmtune cv`).
+EVAL_FORMAT = 2
 
 
 def _say(msg: str) -> None:
@@ -295,17 +300,6 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: Optional[flo
             f"{peak:.2f} | {wall} ({tps:,.0f} trained tokens/s) |")
 
 
-def _names_records(predictions: Path) -> bool:
-    """Whether an evaluation's ``predictions.npz`` exists and names each test beat's record."""
-    import numpy as np
-
-    try:
-        with np.load(predictions) as z:
-            return "record" in z.files
-    except (OSError, ValueError):  # missing or unreadable: evaluate again
-        return False
-
-
 def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = PRETRAIN_STEPS,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
@@ -339,7 +333,8 @@ def run_pipeline(
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
-    from hlmtune.hlm.evaluate import baseline_table, class_table, evaluate, headline, load_run_config, ordered_results
+    from hlmtune.hlm.evaluate import (baseline_table, class_table, evaluate, headline, load_run_config, ordered_results,
+                                      record_table)
     from hlmtune.hlm.model import ARCHS
 
     HLM_TOKENS = TokenizerParams(rr_bins=RR_BINS)
@@ -440,12 +435,10 @@ def run_pipeline(
     t0 = time.perf_counter()
     report = out / "report"
     eval_stamp = report / STAGE_STAMP
-    asked = {"runs": [str(r) for r in fts], "max_eval": max_eval,
+    asked = {"format": EVAL_FORMAT, "runs": [str(r) for r in fts], "max_eval": max_eval,
              "calibration": str(Path(calibration).resolve()) if calibration else None,
              "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
-    # An evaluation written before predictions.npz named each beat's record is redone (the
-    # models are kept): the per-record tables of the report and of `hlmtune cv` need them.
-    if (not force and not retrained and _names_records(report / "predictions.npz") and (report / "metrics.json").is_file()
+    if (not force and not retrained and (report / "metrics.json").is_file()
             and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) == asked):
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
         metrics = json.loads((report / "metrics.json").read_text())
@@ -494,6 +487,13 @@ def run_pipeline(
             else "" if split_file is None else f" Ours here are on {described}, not MIT-BIH DS2: not comparable."),
         "",
         "![confusion matrix](confusion.png)",
+        "",
+        f"## Per record: {metrics['result']}",
+        "",
+        "Inter-patient figures hinge on a few patients. Per class: beats of the class classified as it / "
+        "beats of the class (+ beats of other classes classified as it).",
+        "",
+        record_table(result, metrics["classes"]),
         "",
         "## Training",
         "",
