@@ -77,6 +77,11 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
         assert z["record"].size == 96
     proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
     assert "evaluation: finished before with these models, kept" in proc.stderr
+    # a missing output of the evaluation (what `hlmtune cv` pools) redoes it
+    npz.unlink()
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and "evaluation: finished before" not in proc.stderr, proc.stderr[-3000:]
+    assert npz.is_file()
     # --pretrainings 2: fine-tune 1 starts from a second pretrained model (seed 1); the first pair is kept
     proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK, "--seeds", "2", "--pretrainings", "2"],
                           capture_output=True, text=True, env=env)

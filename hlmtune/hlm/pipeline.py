@@ -18,7 +18,7 @@ Stages (each resumes: a finished stage is not redone unless ``--force``):
    the result (PNG plots next to it).
 
 The path of the report is printed last. On 2 idle CPU cores with MIT-BIH the defaults take
-about 7 minutes (``README.md``, "Measured here").
+about 10 minutes (``README.md``, "Measured here").
 """
 
 from __future__ import annotations
@@ -438,7 +438,7 @@ def run_pipeline(
     asked = {"format": EVAL_FORMAT, "runs": [str(r) for r in fts], "max_eval": max_eval,
              "calibration": str(Path(calibration).resolve()) if calibration else None,
              "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
-    if (not force and not retrained and (report / "metrics.json").is_file()
+    if (not force and not retrained and (report / "metrics.json").is_file() and (report / "predictions.npz").is_file()
             and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) == asked):
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
         metrics = json.loads((report / "metrics.json").read_text())
