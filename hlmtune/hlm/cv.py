@@ -172,7 +172,7 @@ def run_cv(
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1
     from hlmtune.hlm import calibrate
-    from hlmtune.hlm.evaluate import class_table, headline, per_record, record_table
+    from hlmtune.hlm.evaluate import RECORD_TABLE_LEGEND, class_table, headline, per_record, record_table
     from hlmtune.hlm.pipeline import SYNTHETIC_MARK, find_data, run_pipeline
 
     _check_overrides(finetune_overrides)
@@ -283,8 +283,7 @@ def run_cv(
         "",
         "## Per record (pooled, uncalibrated)",
         "",
-        *(["Per class: beats of the class classified as it / beats of the class (+ beats of other classes "
-           "classified as it).", "", record_table(pooled, classes)] if by_record is not None else
+        *([RECORD_TABLE_LEGEND, "", record_table(pooled, classes)] if by_record is not None else
           ["Not available: a fold's `predictions.npz` names no records."]),
         "",
     ]

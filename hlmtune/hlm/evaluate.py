@@ -379,6 +379,11 @@ def class_table(r: Dict[str, Any], classes: Optional[Sequence[str]] = None) -> s
     return "\n".join(lines)
 
 
+# How to read a cell of record_table(), for the reports that print one (eval, demo, cv).
+RECORD_TABLE_LEGEND = ("Per class: beats of the class classified as it / beats of the class (+ beats of other "
+                       "classes classified as it).")
+
+
 def record_table(r: Dict[str, Any], classes: Sequence[str]) -> str:
     """Markdown table of a result's ``per_record`` figures: per class, found / beats (+ false).
 
@@ -645,8 +650,7 @@ def evaluate(
                + (" Not comparable: random beat split." if random_split else ""), ""]
     md += ["![confusion matrix](confusion.png)", "",
            f"## Per record: {metrics['result']}", "",
-           "Per class: beats of the class classified as it / beats of the class (+ beats of other "
-           "classes classified as it).", "", record_table(first, classes), ""]
+           RECORD_TABLE_LEGEND, "", record_table(first, classes), ""]
     atomic_write_bytes(out / "report.md", "\n".join(md).encode())
     metrics["out_dir"] = str(out)
     return metrics

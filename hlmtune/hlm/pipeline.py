@@ -333,8 +333,8 @@ def run_pipeline(
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
-    from hlmtune.hlm.evaluate import (baseline_table, class_table, evaluate, headline, load_run_config, ordered_results,
-                                      record_table)
+    from hlmtune.hlm.evaluate import (RECORD_TABLE_LEGEND, baseline_table, class_table, evaluate, headline,
+                                      load_run_config, ordered_results, record_table)
     from hlmtune.hlm.model import ARCHS
 
     HLM_TOKENS = TokenizerParams(rr_bins=RR_BINS)
@@ -490,8 +490,7 @@ def run_pipeline(
         "",
         f"## Per record: {metrics['result']}",
         "",
-        "Inter-patient figures hinge on a few patients. Per class: beats of the class classified as it / "
-        "beats of the class (+ beats of other classes classified as it).",
+        "Inter-patient figures hinge on a few patients. " + RECORD_TABLE_LEGEND,
         "",
         record_table(result, metrics["classes"]),
         "",
