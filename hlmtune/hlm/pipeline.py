@@ -527,7 +527,8 @@ def register(subparsers: Any) -> None:
             "Build a Heart Language Model end to end: MIT-BIH (from --data or $HLM_DATA/mitdb; else downloaded "
             "when online; else synthetic ECG, named as such), tokenize, pretrain from scratch, LoRA fine-tune "
             "for beat classes on DS1, evaluate on DS2 (unseen patients), and write report.md with loss curves, "
-            "iteration time, peak memory, the confusion matrix and the published baselines. Finished stages are "
+            "iteration time, peak memory, the confusion matrix, the published baselines and a per-record table "
+            "(which patients the errors come from). Finished stages are "
             "kept on rerun (--force redoes them). The tiny LoRA scaling demo is `hlmtune scaling-demo`."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
