@@ -369,6 +369,8 @@ class ECGBeatClassificationDataset(Dataset):
             premature) is shown inside a synthetic fibrillating rhythm: its context, own and
             following intervals redrawn around the patient's cycle (:meth:`_irregular`), still
             labelled N (an early beat in an irregular rhythm is not an S beat).
+        irregular_no_p_wave (bool): with ``irregular_synth``: those examples also lose the P wave
+            (beat and template) and get fibrillatory waves (:meth:`_fibrillating_waveform`).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -399,6 +401,7 @@ class ECGBeatClassificationDataset(Dataset):
         show_template: bool = True,
         premature_max_irregularity: Optional[float] = None,
         irregular_synth: float = 0.0,
+        irregular_no_p_wave: bool = False,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -485,6 +488,9 @@ class ECGBeatClassificationDataset(Dataset):
         # (len,) N examples shown inside a synthetic fibrillating rhythm (label N), never a premature one
         self.irregular = (n_known & ~self.synthetic
                           & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
+        if irregular_no_p_wave and not irregular_synth:
+            raise ValueError("irregular_no_p_wave removes the P wave of irregular_synth's examples: it needs irregular_synth > 0")
+        self.irregular_no_p_wave = bool(irregular_no_p_wave)
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -557,6 +563,59 @@ class ECGBeatClassificationDataset(Dataset):
         toks[known] = self.vocab.rr_base + rr_bin(secs, self._rr_edges)
         return toks.tolist()
 
+    # A synthetic fibrillating beat without its P wave (irregular_no_p_wave). In atrial
+    # fibrillation the atria never contract together, so no P wave comes before the QRS; low
+    # fibrillatory (f) waves at 4-9 Hz (the rate ecg_tokenizer.synth draws too) run through the
+    # whole cycle instead, a few hundredths to a tenth of a mV in lead MLII (below the 1 mV R
+    # that normalize_amplitude sets). The P wave and PR segment lie in the 0.25 s shown before R
+    # up to the QRS onset, ~0.05 s before R (half a QRS of 0.08-0.10 s).
+    P_WAVE_END_S = 0.05
+    FIB_WAVE_HZ = (4.0, 9.0)
+    FIB_WAVE_MV = (0.02, 0.08)  # peak amplitude: 0.04-0.16 mV peak to peak
+
+    def _flat_p(self, samples_mv: np.ndarray, r: int) -> np.ndarray:
+        """``samples_mv`` (n,) with the P wave gone: a straight line from the first sample to the QRS onset.
+
+        Args:
+            samples_mv (np.ndarray): (n,) one beat (or template) in mV.
+            r (int): index of the R peak in ``samples_mv``.
+
+        Returns:
+            np.ndarray: (n,) a copy; unchanged when the QRS onset is not after the first sample.
+        """
+        out = np.array(samples_mv, np.float64)
+        end = r - int(round(self.P_WAVE_END_S * float(self.params.target_rate)))  # QRS onset
+        if 0 < end < out.size:
+            out[: end + 1] = np.linspace(out[0], out[end], end + 1)  # baseline, drift kept, no P wave
+        return out
+
+    def _fibrillating_waveform(self, k: int, beat: np.ndarray, r_beat: int, tmpl: np.ndarray,
+                               r_tmpl: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Sample tokens of example ``k``'s beat and template as in atrial fibrillation.
+
+        Both lose their P wave (:meth:`_flat_p`): a patient in fibrillation has none in the
+        median beat either. The beat gets f waves over all its samples (amplitude, rate and
+        phase drawn per example); the template none (a median over beats averages them out).
+
+        Args:
+            k (int): example index (seeds the draw).
+            beat (np.ndarray): (n,) the beat's sample tokens.
+            r_beat (int): index of R in ``beat``.
+            tmpl (np.ndarray): (n,) the template's sample tokens (may be empty).
+            r_tmpl (int): index of R in ``tmpl``.
+
+        Returns:
+            Tuple[np.ndarray, np.ndarray]: the beat's and the template's new sample tokens.
+        """
+        base, edges = self.vocab.sample_base, self._edges
+        rng = np.random.default_rng((self.seed, k, 7))
+        amp, hz, phase = rng.uniform(*self.FIB_WAVE_MV), rng.uniform(*self.FIB_WAVE_HZ), rng.uniform(0, 2 * np.pi)
+        t = np.arange(beat.size) / float(self.params.target_rate)  # s
+        mv = self._flat_p(dequantize(beat - base, edges), r_beat) + amp * np.sin(2 * np.pi * hz * t + phase)
+        new_beat = base + quantize(mv, edges)
+        new_tmpl = base + quantize(self._flat_p(dequantize(tmpl - base, edges), r_tmpl), edges) if tmpl.size else tmpl
+        return new_beat.astype(np.int64), np.asarray(new_tmpl, np.int64)
+
     def _premature(self, k: int, rr_tokens: Sequence[int]) -> Tuple[int, int]:
         """RR tokens (before, after) of example ``k`` shown as a supraventricular premature beat.
 
@@ -610,6 +669,10 @@ class ECGBeatClassificationDataset(Dataset):
         if self.template_swap and self.vocab.classes[int(self.label[e])] in ("N", "S") \
                 and np.random.default_rng((self.seed, k, 1)).random() < self.template_swap:
             beat = np.concatenate([beat[:2], tmpl])  # a normal-looking beat: only the RR tells N from S
+        if self.irregular_no_p_wave and self.irregular[k]:  # fibrillation: no P wave, f waves (label N)
+            q, tmpl = self._fibrillating_waveform(k, beat[2:], int(self.params.pre) - off, tmpl,
+                                                  int(self.params.pre) - self.offset)
+            beat = np.concatenate([beat[:2], q])
         if self.template_delta:  # what differs from the patient's usual beat, in mV, quantized again
             base, edges = self.vocab.sample_base, self._edges
             diff = dequantize(beat[2:] - base, edges) - dequantize(tmpl - base, edges)  # (beat_samples,) mV
@@ -969,6 +1032,7 @@ def _classification(
     show_template: bool = True,
     premature_max_irregularity: Optional[float] = None,
     irregular_synth: float = 0.0,
+    irregular_no_p_wave: bool = False,
 ) -> ECGBeatClassificationDataset:
     if premature_max_irregularity is not None and not premature_synth:
         raise ValueError("premature_max_irregularity limits premature_synth: it needs premature_synth > 0")
@@ -983,7 +1047,7 @@ def _classification(
         record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap, next_rr=next_rr,
         template_delta=template_delta, premature_synth=0.0 if evaluation else premature_synth,
         show_template=show_template, premature_max_irregularity=premature_max_irregularity,
-        irregular_synth=0.0 if evaluation else irregular_synth,
+        irregular_synth=0.0 if evaluation else irregular_synth, irregular_no_p_wave=irregular_no_p_wave and not evaluation,
     )
 
 
@@ -1014,6 +1078,7 @@ def ecg_beat_classification_dataset(
     show_template: bool = True,
     premature_max_irregularity: Optional[float] = None,
     irregular_synth: float = 0.0,
+    irregular_no_p_wave: bool = False,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -1078,9 +1143,13 @@ def ecg_beat_classification_dataset(
             model to call fibrillating normal beats S.
         irregular_synth (float): training only: probability that a drawn N example that is not
             made premature is shown inside a synthetic fibrillating rhythm (context, own and
-            following intervals redrawn around the patient's cycle with a 10-30% irregularity),
-            labelled N: the counterpart of ``premature_synth``, so that "early" means S only in
-            a regular rhythm. Off (0) by default.
+            following intervals redrawn around the patient's cycle, an irregularity of 0.15-0.45
+            as in DS1's fibrillation), labelled N: the counterpart of ``premature_synth``, so
+            that "early" means S only in a regular rhythm. Off (0) by default.
+        irregular_no_p_wave (bool): with ``irregular_synth``, those examples also look like
+            atrial fibrillation: no P wave in the beat or the template (a straight line from
+            0.25 s to 0.05 s before R) and 4-9 Hz fibrillatory waves over the beat. Without
+            it, only their RR tokens are irregular, around a sinus beat's P wave. Off by default.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -1094,6 +1163,7 @@ def ecg_beat_classification_dataset(
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
         premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
+        irregular_no_p_wave=irregular_no_p_wave,
     )
 
 
@@ -1207,6 +1277,7 @@ def ecg_beat_dpo_dataset(
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
         premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
+        irregular_no_p_wave=irregular_no_p_wave,
     ))
 
 
