@@ -534,6 +534,72 @@ def test_irregular_synth_shows_n_beats_in_a_fibrillating_rhythm_and_never_in_eva
         ecg_beat_classification_dataset(tk, **{**kw, "classes": ["S", "V"], "irregular_synth": 0.2})
 
 
+def test_irregular_no_p_wave_takes_the_p_wave_away_only_in_synthetic_fibrillation(hlm):
+    """With irregular_no_p_wave, irregular_synth's examples (and no others) show a template whose
+    0.25..0.05 s before R is a straight line (the P wave gone, the rest untouched) and a beat
+    that differs from the flattened one by a 4-9 Hz wave of at most 0.08 mV; RR tokens and the
+    answer are those of irregular_synth alone; evaluation never changes."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+    from hlmtune.ecg_tokenizer.vocab import SEP_ID, dequantize, quantizer_edges
+
+    tk = hlm["tk"]
+    v, rate = tk.vocab, float(tk.params.target_rate)
+    edges = quantizer_edges(tk.params)
+    mv = lambda toks: dequantize(np.asarray(toks) - v.sample_base, edges)  # noqa: E731
+    n = 96  # beat_samples: R sits at a third of them (ecg.py _crop), 32 = 0.25 s at 128 Hz
+    r = n // 3
+    end = r - round(0.05 * rate)  # the QRS onset: 6 samples before R
+
+    def straightness(x):  # largest distance of x[0..end] from the line through its ends, mV
+        line = [x[0] + (x[end] - x[0]) * i / end for i in range(end + 1)]
+        return max(abs(a - b) for a, b in zip(x[: end + 1], line))
+
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=16, beat_samples=n,
+              template_beats=64, normalize_amplitude=True, irregular_synth=0.5)
+    irr = ecg_beat_classification_dataset(tk, **kw)
+    nop = ecg_beat_classification_dataset(tk, irregular_no_p_wave=True, **kw)
+    assert (irr.irregular == nop.irregular).all() and irr.irregular.sum() > 50
+    p_before, p_after, checked = [], [], 0
+    for k in range(len(irr)):
+        a, b = irr.prompt(k), nop.prompt(k)
+        assert nop.label_of(k) == irr.label_of(k) and nop[k]["labels"] == irr[k]["labels"]
+        if not irr.irregular[k]:
+            assert b == a  # every other example as before
+            continue
+        sep = a.index(SEP_ID)
+        assert len(b) == len(a) and b.index(SEP_ID) == sep > n  # <bos> template(n) ctx-RR <sep> rr beat(n) rr <beat?>
+        assert b[n + 1 : sep + 2] == a[n + 1 : sep + 2] and b[sep + 2 + n :] == a[sep + 2 + n :]  # RR, query
+        ta, tb = mv(a[1 : 1 + n]), mv(b[1 : 1 + n])
+        assert (tb[end + 1 :] == ta[end + 1 :]).all()  # the template from the QRS onset on: untouched
+        p_before.append(straightness(ta))
+        p_after.append(straightness(tb))
+        # the beat: the flattened beat plus a small wave, also over the QRS and T
+        ba, bb = mv(a[sep + 2 : sep + 2 + n]), mv(b[sep + 2 : sep + 2 + n])
+        flat = np.concatenate([np.linspace(ba[0], ba[end], end + 1), ba[end + 1 :]])
+        wave = bb - flat
+        step = np.diff(edges).max()  # coarsest level: the largest rounding error of a sample
+        assert np.abs(wave).max() <= 0.08 + step, k
+        low = np.abs(flat) < 0.3  # where levels are fine (mu-law): the wave is not lost in rounding
+        if low.sum() > 40 and checked < 60:
+            w = wave[low] - wave[low].mean()
+            spectrum = np.abs(np.fft.rfft(wave - wave.mean(), 4 * n))
+            hz = np.fft.rfftfreq(4 * n, 1 / rate)[spectrum.argmax()]
+            assert np.abs(w).max() > 0.01 and 3.0 <= hz <= 10.0, (k, hz)  # f waves of 4-9 Hz
+            checked += 1
+    # the fixture's P waves bend the template by ~0.1 mV; after: a line up to rounding
+    assert np.median(p_before) > 0.05 and max(p_after) < 0.01, (np.median(p_before), max(p_after))
+    assert checked > 20
+    ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
+              classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
+              template_beats=64, beat_samples=n)
+    e1 = _classification(tk, irregular_synth=1.0, irregular_no_p_wave=True, **ev)
+    e2 = _classification(tk, **ev)
+    assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
+    with pytest.raises(ValueError, match="irregular_no_p_wave .* needs irregular_synth > 0"):
+        ecg_beat_classification_dataset(tk, **{**kw, "irregular_synth": 0.0, "irregular_no_p_wave": True})
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates
