@@ -1258,6 +1258,7 @@ def ecg_beat_dpo_dataset(
     show_template: bool = True,
     premature_max_irregularity: Optional[float] = None,
     irregular_synth: float = 0.0,
+    irregular_no_p_wave: bool = False,
 ) -> ECGBeatPreferenceDataset:
     """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
 
