@@ -468,6 +468,8 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError(f"irregular_synth must be 0..1, got {irregular_synth}")
         if irregular_synth and "N" not in self.classes:
             raise ValueError(f"irregular_synth shows N examples in an irregular rhythm: classes {self.classes} lack N")
+        if irregular_no_p_wave and not irregular_synth:
+            raise ValueError("irregular_no_p_wave removes the P wave of irregular_synth's examples: it needs irregular_synth > 0")
         e = self.index
         # (len,) drawn N examples whose own interval is known (a record's first beat has none to
         # redraw): the candidates of premature_synth and irregular_synth
@@ -488,8 +490,6 @@ class ECGBeatClassificationDataset(Dataset):
         # (len,) N examples shown inside a synthetic fibrillating rhythm (label N), never a premature one
         self.irregular = (n_known & ~self.synthetic
                           & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
-        if irregular_no_p_wave and not irregular_synth:
-            raise ValueError("irregular_no_p_wave removes the P wave of irregular_synth's examples: it needs irregular_synth > 0")
         self.irregular_no_p_wave = bool(irregular_no_p_wave)
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
@@ -565,7 +565,7 @@ class ECGBeatClassificationDataset(Dataset):
 
     # A synthetic fibrillating beat without its P wave (irregular_no_p_wave). In atrial
     # fibrillation the atria never contract together, so no P wave comes before the QRS; low
-    # fibrillatory (f) waves at 4-9 Hz (the rate ecg_tokenizer.synth draws too) run through the
+    # fibrillatory (f) waves at 4-9 Hz (ecg_tokenizer.synth sums three in that band) run through the
     # whole cycle instead, a few hundredths to a tenth of a mV in lead MLII (below the 1 mV R
     # that normalize_amplitude sets). The P wave and PR segment lie in the 0.25 s shown before R
     # up to the QRS onset, ~0.05 s before R (half a QRS of 0.08-0.10 s).
