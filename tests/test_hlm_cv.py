@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,11 +100,18 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert sum(v["n"] for v in by_rec.values()) == 300
     assert np.sum([v["confusion"] for v in by_rec.values()], axis=0).tolist() == doc["pooled"]["confusion"]
     assert "## Per record (pooled, uncalibrated)" in report and f"| {next(iter(by_rec))} |" in report
-    # a rerun keeps every fold, its evaluation included
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # a rerun in a copy of the job (the original gone) keeps every fold, its evaluation included,
+    # and reads the copy's own records
+    copy = tmp_path / "cv_b"
+    shutil.copytree(out, copy, symlinks=True)
+    shutil.rmtree(out)
+    proc = subprocess.run([*cmd[:2], "--out", str(copy), *cmd[4:]], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("finished before, kept") == 4  # pretrain + fine-tune of each fold
     assert proc.stderr.count("evaluation: finished before with these models, kept") == 2
-    assert json.loads((out / "cv_metrics.json").read_text())["pooled"] == doc["pooled"]
+    assert json.loads((copy / "cv_metrics.json").read_text())["pooled"] == doc["pooled"]
+    links = list((copy / "fold1" / "db").glob("*.dat"))
+    assert links and all(p.is_symlink() and p.resolve().is_relative_to(copy.resolve()) for p in links)
 
 
 def test_bad_cv_arguments_are_one_line(tmp_path):

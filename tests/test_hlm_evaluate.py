@@ -165,3 +165,49 @@ def test_per_record_confusions_match_a_hand_count_and_sum_to_the_whole():
     with pytest.raises(ValueError, match="3 records"):
         per_record([0, 1], [0, 1], ["a", "b", "c"], classes)
 
+
+
+def test_a_copied_run_folder_reads_its_own_paths(tmp_path):
+    """A run's saved config names where it ran; read from a copy, its paths follow the copy when
+    what they name was copied too, and stay where they were otherwise."""
+    import shutil
+
+    import yaml
+
+    from hlmtune.hlm.evaluate import load_run_config, relocation
+
+    job = tmp_path / "cv"
+    run = job / "fold1" / "runs" / "lora"
+    for d in (run / "epoch_0", job / "tokens", job / "fold1" / "runs" / "pretrain" / "epoch_0", tmp_path / "cv_x"):
+        d.mkdir(parents=True)
+    saved = {
+        "output_dir": str(run),
+        "shards_dir": str(job / "tokens"),
+        "checkpointer": {"checkpoint_dir": str(job / "fold1" / "runs" / "pretrain" / "epoch_0"), "output_dir": str(run)},
+        "notes": [str(job / "fold1" / "db" / "splits.json"), str(tmp_path / "cv_x"), "hlmtune.hlm.model.hlm_1m"],
+        "log_dir": str(run / "logs"),
+    }
+    (run / "torchtune_config.yaml").write_text(yaml.safe_dump(saved))
+    (job / "fold1" / "db").mkdir()
+    (job / "fold1" / "db" / "splits.json").write_text("{}")
+    assert load_run_config(str(run), [])["output_dir"] == str(run)  # in place: as saved
+
+    # the whole job copied, the original gone: everything that exists in the copy is read there
+    new = tmp_path / "moved" / "cv_b"
+    shutil.copytree(job, new)
+    shutil.rmtree(job)
+    assert relocation(str(run), new / "fold1" / "runs" / "lora") == (str(job), str(new))
+    cfg = load_run_config(str(new / "fold1" / "runs" / "lora"), [f"shards_dir={tmp_path / 'elsewhere'}"])
+    assert cfg.output_dir == cfg.checkpointer.output_dir == str(new / "fold1" / "runs" / "lora")
+    assert cfg.checkpointer.checkpoint_dir == str(new / "fold1" / "runs" / "pretrain" / "epoch_0")
+    assert cfg.notes[0] == str(new / "fold1" / "db" / "splits.json")
+    assert cfg.notes[1:] == [str(tmp_path / "cv_x"), "hlmtune.hlm.model.hlm_1m"]  # not inside the job: as saved
+    assert cfg.shards_dir == str(tmp_path / "elsewhere")  # an override is what was asked for
+    assert cfg.log_dir == str(run / "logs")  # no logs/ in the copy: nothing there to read, left as saved
+
+    # the run folder alone copied: its own files follow it, the job's shared ones stay put
+    alone = tmp_path / "alone" / "lora"
+    shutil.copytree(new / "fold1" / "runs" / "lora", alone)
+    cfg = load_run_config(str(alone), [])
+    assert cfg.output_dir == str(alone) and cfg.shards_dir == str(job / "tokens")
+    assert relocation(str(run), tmp_path / "other") is None  # no shared last component: nothing to map

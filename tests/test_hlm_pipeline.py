@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert [Path(w).parent.parent.name for w in m["ensemble"]] == ["lora", "lora_seed1_pre1"]
     assert losses_of(out / "runs" / "pretrain_seed1") != losses_of(out / "runs" / "pretrain")
     stamp = json.loads((out / "runs" / "lora_seed1_pre1" / "stage.json").read_text())["command"]
-    assert f"pretrain_dir={out.resolve() / 'runs' / 'pretrain_seed1'}" in stamp
+    assert "pretrain_dir={job}/runs/pretrain_seed1" in stamp and not any(str(out.resolve()) in x for x in stamp)
     text = (out / "report" / "report.md").read_text()
     assert "2 pretrained models" in text and "| pretrain seed 1 |" in text
     # the kept pair counts with the time it took when it ran: training time is the models' cost
@@ -103,6 +104,18 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert timings["pretrain"] > made["pretrain"] > 1.0
     assert abs(timings["finetune"] - made["lora"] - made["lora_seed1_pre1"]) < 1.0
     assert f"| {made['pretrain']:.0f} (kept) (" in text
+    # a copy of the job folder, the original gone: every stage is kept, and an evaluation redone
+    # there reads the copy's own models (the runs' saved configs name the original's paths)
+    moved = tmp_path / "moved" / "demo"
+    shutil.copytree(out, moved, symlinks=True)
+    shutil.rmtree(out)
+    (moved / "report" / "predictions.npz").unlink()
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(moved), *QUICK, "--seeds", "2", "--pretrainings", "2"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("finished before, kept") == 4 and "evaluation: finished before" not in proc.stderr
+    m = json.loads((moved / "report" / "metrics.json").read_text())
+    assert m["ensemble"] and all(str(moved.resolve()) in w for w in m["ensemble"])
 
 
 def test_bad_flags_and_outputs_are_one_line(tmp_path):
@@ -171,6 +184,38 @@ def test_a_kept_stage_reports_the_time_it_took_when_it_ran(tmp_path, capsys):
     # kept from a version that recorded no time: unknown, not zero
     (run_dir / STAGE_STAMP).write_text(json.dumps({"command": cmd[1:]}))
     assert _train_stage("pretrain", run_dir, done, False, dict(os.environ), "training", cmd) == (None, False)
+
+
+def test_stamps_name_the_job_folder_so_a_copy_keeps_its_stages(tmp_path, capsys):
+    """Paths inside the job are stamped relative to it; a sibling folder or outside data is not."""
+    from hlmtune.hlm.pipeline import STAGE_STAMP, _train_stage, portable
+
+    job, data = tmp_path / "cv", tmp_path / "data"
+    assert portable([f"shards_dir={job}/tokens", f"x={job}_b/tokens", f"db={data}", str(job), f"out={job}"], job) == [
+        "shards_dir={job}/tokens", f"x={job}_b/tokens", f"db={data}", "{job}", "out={job}"]
+    assert portable([f"a={job}/t"], None) == [f"a={job}/t"]
+
+    def stage(root):
+        run_dir = root / "fold1" / "runs" / "lora"
+        done = run_dir / "model.pt"
+        write = "import pathlib, sys; pathlib.Path(sys.argv[1].split('=', 1)[1], 'model.pt').write_text('w')"
+        cmd = [sys.executable, "-c", write, f"output_dir={run_dir}", f"shards_dir={root}/tokens", f"data={data}"]
+        return _train_stage("fine-tune", run_dir, done, False, dict(os.environ), "training", cmd, root=root)[1]
+
+    assert stage(job) is True
+    stamp = json.loads((job / "fold1" / "runs" / "lora" / STAGE_STAMP).read_text())["command"]
+    assert stamp[-3:] == ["output_dir={job}/fold1/runs/lora", "shards_dir={job}/tokens", f"data={data}"]
+    shutil.copytree(job, tmp_path / "cv_b")
+    shutil.rmtree(job)
+    assert stage(tmp_path / "cv_b") is False and "finished before, kept" in capsys.readouterr().err
+    # a stamp of an older version (absolute paths) still counts where it was made
+    old = tmp_path / "cv_b" / "fold1" / "runs" / "lora" / STAGE_STAMP
+    cmd = json.loads(old.read_text())["command"]
+    old.write_text(json.dumps({"command": [c.replace("{job}", str(tmp_path / "cv_b")) for c in cmd]}))
+    assert stage(tmp_path / "cv_b") is False
+    # another data folder is another setting
+    data = tmp_path / "data2"
+    assert stage(tmp_path / "cv_b") is True
 
 
 def test_pretrain_config_runs_as_long_as_the_main_job():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import time
@@ -108,6 +109,8 @@ def _fold_db(db: Path, fold_dir: Path, train: Sequence[str], held_out: Sequence[
     for r in [*train, *held_out]:
         for src in db.glob(f"{r}.*"):
             link = d / src.name
+            if link.is_symlink() and Path(os.readlink(link)) != src.resolve():
+                link.unlink()  # a copied job's link into the original (its synthetic records): its own now
             if not link.exists():
                 link.symlink_to(src.resolve())
     if synthetic:
@@ -205,7 +208,7 @@ def run_cv(
         report = run_pipeline(out=fold_dir, data=str(_fold_db(db, fold_dir, train, held, synthetic)), nproc=nproc,
                               pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                               seeds=seeds, pretrainings=pretrainings, max_eval=max_eval, force=force, tokens_dir=tokens,
-                              finetune_overrides=finetune_overrides)
+                              finetune_overrides=finetune_overrides, job_root=out)
         pred = np.load(report.parent / "predictions.npz")
         classes = [str(c) for c in pred["classes"]]
         fold_truth.append(pred["truth"])
@@ -313,6 +316,8 @@ def register(subparsers: Any) -> None:
             "  hlmtune cv --out outputs/cv                                  # the shipped settings\n"
             "  hlmtune cv --out outputs/cv dataset.premature_synth=0.2     # same folds and pretrained models,\n"
             "                                                               # new fine-tunes: a setting scored\n"
+            "  cp -r outputs/cv outputs/cv_b && hlmtune cv --out outputs/cv_b dataset.premature_synth=0.2\n"
+            "                                                  # the same, keeping outputs/cv's fine-tunes too\n"
             "  hlmtune eval --config RUN --calibration outputs/cv/calibration.json\n"
             "  hlmtune cv --out /tmp/cv --source synthetic --folds 2 --pretrain-steps 4 --finetune-examples 64 "
             "--max-eval 150   # smoke run"

@@ -34,7 +34,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 # Published inter-patient results on MIT-BIH DS2 (train DS1), as the papers state them.
 # Se / +P in percent; F1 as a fraction. Only figures the papers give.
@@ -705,7 +705,8 @@ def load_run_config(target: str, overrides: Sequence[str]) -> Any:
     from hlmtune.registry import resolve_config
 
     p = Path(target)
-    if p.is_dir():
+    run_dir = p if p.is_dir() else None
+    if run_dir is not None:
         p = p / "torchtune_config.yaml"
         if not p.is_file():
             raise FileNotFoundError(f"{target}: no torchtune_config.yaml (give the run's config instead)")
@@ -713,7 +714,60 @@ def load_run_config(target: str, overrides: Sequence[str]) -> Any:
         p = resolve_config(target)
     cfg = load_config(str(p), list(overrides))
     OmegaConf.resolve(cfg)
+    if run_dir is not None:
+        # A copied or moved run (or job) folder: its saved config names where it ran, not where it is.
+        import yaml
+
+        recorded = (yaml.safe_load(p.read_text()) or {}).get("output_dir")
+        moved = relocation(str(recorded), run_dir) if recorded else None
+        if moved is not None:
+            given = {o.split("=", 1)[0].strip().lstrip("+~") for o in overrides}
+            _moved(cfg, *moved, given=given)
     return cfg
+
+
+def relocation(recorded: str, actual: Path) -> Optional[Tuple[str, str]]:
+    """Where a run folder's job was and where it is now, from its recorded and actual paths.
+
+    The two paths share their last components (the run's place inside the job: ``fold1/runs/lora``
+    after ``cp -r outputs/cv outputs/cv_b``); what precedes them is the old and the new job folder.
+
+    Args:
+        recorded (str): the run's ``output_dir`` as its config saved it (absolute).
+        actual (Path): the run folder as given now.
+
+    Returns:
+        Optional[Tuple[str, str]]: (old prefix, new prefix), or None when the folder has not moved
+        or the two paths share no last component (nothing says which parts correspond).
+    """
+    old, new = Path(recorded).parts, Path(actual).resolve().parts
+    if Path(recorded) == Path(actual).resolve():
+        return None
+    tail = 0
+    while tail < min(len(old), len(new)) - 1 and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    if tail == 0:
+        return None
+    return str(Path(*old[:-tail])), str(Path(*new[:-tail]))
+
+
+def _moved(cfg: Any, old: str, new: str, *, given: Set[str], prefix: str = "") -> None:
+    """Rewrite, in place, each path of ``cfg`` under ``old`` to the same path under ``new``
+    when that path exists there (a run folder copied alone keeps reading the job's shared
+    tokens and pretrained model where they are). Keys in ``given`` (overrides) are left as given."""
+    from omegaconf import DictConfig, ListConfig
+
+    items = cfg.items() if isinstance(cfg, DictConfig) else enumerate(cfg) if isinstance(cfg, ListConfig) else ()
+    for key, value in list(items):
+        name = f"{prefix}{key}"
+        if name in given:
+            continue
+        if isinstance(value, (DictConfig, ListConfig)):
+            _moved(value, old, new, given=given, prefix=name + ".")
+        elif isinstance(value, str) and value.startswith("/") and Path(value).is_relative_to(old):
+            there = Path(new) / Path(value).relative_to(old)  # path components: /a/cv never matches /a/cv_b
+            if there.exists():
+                cfg[key] = str(there)
 
 
 def _main(args: argparse.Namespace) -> int:

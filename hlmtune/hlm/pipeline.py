@@ -27,6 +27,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -127,17 +128,42 @@ def _run(cmd: List[str], env: Dict[str, str], log: Path) -> None:
 
 
 STAGE_STAMP = "stage.json"  # the command a finished stage ran: a rerun with other settings redoes it
+# Stands for the job folder in stage stamps, so that a copied or moved job folder (`cp -r outputs/cv
+# outputs/cv_b`) keeps its finished stages: their commands differ only in where the job lives.
+JOB_ROOT = "{job}"
+
+
+def portable(values: Sequence[str], root: Optional[Path]) -> List[str]:
+    """``values`` (``key=value`` settings, or paths) with the job folder ``root`` written as ``{job}``.
+
+    Only whole path components match: with ``root`` ``/a/cv``, ``/a/cv/tokens`` becomes
+    ``{job}/tokens`` and ``/a/cv_b/tokens`` stays as it is. Paths outside the job (the WFDB
+    database of ``$HLM_DATA``) stay absolute: a copy of the job reads the same records.
+
+    Args:
+        values (Sequence[str]): settings or paths.
+        root (Optional[Path]): the job folder (absolute); None leaves ``values`` as they are.
+
+    Returns:
+        List[str]: the values, job-relative where they name something inside the job.
+    """
+    if root is None:
+        return list(values)
+    at = re.compile(r"(?:(?<==)|^)" + re.escape(str(root).rstrip("/")) + r"(?=/|$)")
+    return [at.sub(lambda _: JOB_ROOT, v) for v in values]
 
 
 def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[str, str], what: str,
-                 cmd: List[str]) -> Tuple[Optional[float], bool]:
+                 cmd: List[str], root: Optional[Path] = None) -> Tuple[Optional[float], bool]:
     """Run one training stage unless it finished before with the same command.
 
     A stage counts as finished when its export ``done`` exists and ``run_dir/stage.json``
     records the same command (settings, upstream paths, rank count); otherwise it runs (again),
     so ``--finetune-examples 24000`` after a 12,000-example run retrains instead of reporting
     the old model. The stamp also records the stage's wall time, so a kept stage still reports
-    what it cost when it ran (not the zero seconds of keeping it).
+    what it cost when it ran (not the zero seconds of keeping it). Paths inside the job folder
+    ``root`` are stamped relative to it (:func:`portable`), so a copied or moved job keeps the
+    stage; a stamp of an older version with absolute paths still counts where it was made.
 
     Returns:
         Tuple[Optional[float], bool]: (wall time of the training in s, measured now or recorded when
@@ -149,8 +175,9 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
     t0 = time.perf_counter()
     stamp = run_dir / STAGE_STAMP
     settings = cmd[1:]  # the interpreter's path is not a setting
+    stamped = portable(settings, root)
     before = json.loads(stamp.read_text()) if stamp.exists() else {}
-    if not force and done.exists() and before.get("command") == settings:
+    if not force and done.exists() and before.get("command") in (stamped, settings):
         _say(f"{name}: finished before, kept ({run_dir}; --force redoes it)")
         return before.get("wall_s"), False
     if done.exists() and not force:
@@ -160,7 +187,7 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
     _say(what)
     _run(cmd, env, run_dir / "train.log")
     took = time.perf_counter() - t0
-    atomic_write_text(stamp, json.dumps({"command": settings, "wall_s": round(took, 3)}, indent=1) + "\n")
+    atomic_write_text(stamp, json.dumps({"command": stamped, "wall_s": round(took, 3)}, indent=1) + "\n")
     return took, True
 
 
@@ -304,7 +331,7 @@ def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = PRETRAIN_STEPS,
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
-    calibration: Optional[Path] = None, pretrainings: int = 1,
+    calibration: Optional[Path] = None, pretrainings: int = 1, job_root: Optional[Path] = None,
 ) -> Path:
     """Run every stage; returns the report path.
 
@@ -328,6 +355,9 @@ def run_pipeline(
         finetune_overrides (Sequence[str]): ``key=value`` overrides of the fine-tune(s).
         calibration (Optional[Path]): class-bias file of ``hlmtune cv`` (fitted on DS1 only),
             applied in the evaluation (``hlmtune eval --calibration``).
+        job_root (Optional[Path]): the folder a copy of the job is made of (default ``out``;
+            ``hlmtune cv`` gives its own, which holds the folds and their shared tokens): stage
+            stamps name paths inside it relative to it, so the copy keeps the finished stages.
     """
     from hlmtune._io import atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
@@ -346,6 +376,7 @@ def run_pipeline(
         raise ValueError(f"--pretrainings must be 1..--seeds ({seeds}): each pretrained model needs a fine-tune, "
                          f"got {pretrainings}")
     out = ensure_dir(out, "--out").resolve()
+    root = Path(job_root).resolve() if job_root is not None else out
     t_all = time.perf_counter()
     # Wall seconds per stage. "pretrain" / "finetune": what training the models cost, counted for a
     # kept run as recorded when it ran (None when a kept run predates the record); "kept_runs":
@@ -405,6 +436,7 @@ def run_pipeline(
             + (f", seed {p} ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
             _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
                        [*pre_over, *([f"seed={p}"] if p else [])], run),
+            root=root,
         )
         pre_s.append(took)
         pre_redone.append(ran)
@@ -424,6 +456,7 @@ def run_pipeline(
             _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
                        [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pres[src]}",
                         f"dataset.num_examples={finetune_examples}", *seed, *finetune_overrides], run),
+            root=root,
         )
         ft_s.append(took)
         ft_redone.append(ran)
@@ -435,11 +468,14 @@ def run_pipeline(
     t0 = time.perf_counter()
     report = out / "report"
     eval_stamp = report / STAGE_STAMP
-    asked = {"format": EVAL_FORMAT, "runs": [str(r) for r in fts], "max_eval": max_eval,
-             "calibration": str(Path(calibration).resolve()) if calibration else None,
+    run_paths = [str(r) for r in fts]
+    cal = [str(Path(calibration).resolve())] if calibration else [None]
+    asked = {"format": EVAL_FORMAT, "runs": portable(run_paths, root), "max_eval": max_eval,
+             "calibration": portable(cal, root)[0] if calibration else None,
              "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
+    absolute = {**asked, "runs": run_paths, "calibration": cal[0]}  # the stamp of an older version (accepted in place)
     if (not force and not retrained and (report / "metrics.json").is_file() and (report / "predictions.npz").is_file()
-            and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) == asked):
+            and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) in (asked, absolute)):
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
         metrics = json.loads((report / "metrics.json").read_text())
     else:
