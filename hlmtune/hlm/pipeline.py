@@ -565,7 +565,8 @@ def register(subparsers: Any) -> None:
             "for beat classes on DS1, evaluate on DS2 (unseen patients), and write report.md with loss curves, "
             "iteration time, peak memory, the confusion matrix, the published baselines and a per-record table "
             "(which patients the errors come from). Finished stages are "
-            "kept on rerun (--force redoes them). The tiny LoRA scaling demo is `hlmtune scaling-demo`."
+            "kept on rerun (--force redoes them), also in a copy of the --out folder (cp -r outputs/demo "
+            "outputs/demo_b, then --out outputs/demo_b with other settings redoes only what they change). The tiny LoRA scaling demo is `hlmtune scaling-demo`."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
