@@ -1116,7 +1116,8 @@ def ecg_beat_classification_dataset(
             proportional to its beats of that class ``** record_balance``. 1 = as recorded (in
             DS1, record 209 holds 383 of the 944 S beats); 0 = every patient with the class
             equally; between, more patients per class without repeating a 3-beat record 100
-            times.
+            times. 0.5 did not pass DS1 cross-validation (docs/hlm.md, "draws balanced over
+            patients within a class").
         previous_swap (float): training only: probability that an N or S example shows the
             previous beat's real samples instead of its own (its RR tokens kept), so prematurity
             must carry S; unlike ``template_swap`` the swapped beat is not an exact copy.
