@@ -59,7 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Check a config: unknown keys and typos (naming the closest key), every _component_ "
             "against its real signature, unset ${oc.env:...} variables, and the model built on the "
-            "meta device (no memory, no weights). Keys accepted but not honoured are printed as "
+            "meta device (no memory, no weights; when a file its builder reads is missing, e.g. an ECG model's "
+            "token manifest before `hlmtune tokenize`, a warning says so and the rest is still checked). "
+            "Keys accepted but not honoured are printed as "
             "warnings. Overrides are applied as `hlmtune run` would."
         ),
         epilog="example: hlmtune validate --config llama3_8b_qlora_samsum batch_size=2 dtype=fp32",
@@ -380,7 +382,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             problems = preflight(cfg)
             if problems:
                 raise PreLaunchError(problems)
-        n_params = None if args.no_model else build_model_on_meta(cfg.model, cfg.get("dtype", "bf16"))
+        n_params, unbuilt = None, None
+        if not args.no_model:
+            try:
+                n_params = build_model_on_meta(cfg.model, cfg.get("dtype", "bf16"))
+            except FileNotFoundError as e:
+                # A file the model's builder reads (the ECG models' token manifest, for the vocabulary
+                # size): paths are problems only with --check-paths; otherwise the config is still
+                # checked, and the user told what to make first.
+                if args.check_paths:
+                    raise PreLaunchError([str(e)]) from None
+                unbuilt = str(e)
     except (ConfigError, PreLaunchError) as e:
         for line in e.problems:
             print(f"hlmtune validate: {path}: {line}", file=sys.stderr)
@@ -395,12 +407,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 2
     for line in config_warnings(cfg, resolved.spec):
         print(f"hlmtune validate: warning: {line}", file=sys.stderr)
+    if unbuilt:
+        print(f"hlmtune validate: warning: model not built on the meta device: {unbuilt}", file=sys.stderr)
     model = cfg.model.get("_component_", "?")
     if n_params:
         size = f", {n_params / 1e9:.2f}B" if n_params >= 1e9 else f", {n_params / 1e6:.1f}M"
         size += " params built on meta"
     else:
-        size = ""
+        size = "; not built: a file it reads is missing" if unbuilt else ""
     print(f"OK: {path.name} is valid for {resolved.spec.name} (model {model}{size})")
     return 0
 

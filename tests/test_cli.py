@@ -117,6 +117,21 @@ def test_validate_cli(monkeypatch, tmp_path, capsys):
     assert "tokenizer.path" in capsys.readouterr().err
 
 
+def test_validate_an_ecg_config_before_its_tokens_exist(tmp_path, capsys):
+    """The model's vocabulary comes from the token manifest: before `hlmtune tokenize`, the config is
+    still checked (a warning names the missing manifest); with --check-paths it is an error. One line, no traceback."""
+    where = f"shards_dir={tmp_path / 'no_tokens'}"
+    assert main(["validate", "lora_finetune_distributed", "--config", "ecg_lora", where]) == 0
+    out, err = capsys.readouterr()
+    assert "OK" in out and "not built" in out and "Traceback" not in err
+    assert "warning: model not built" in err and "hlmtune tokenize" in err and str(tmp_path / "no_tokens") in err
+    assert main(["validate", "lora_finetune_distributed", "--config", "ecg_lora", where, "dataset.num_exampels=5"]) == 2
+    assert "num_examples" in capsys.readouterr().err  # a typo is still found
+    assert main(["validate", "lora_finetune_distributed", "--config", "ecg_lora", where, "--check-paths"]) == 2
+    err = capsys.readouterr().err
+    assert f"key 'shards_dir': {tmp_path / 'no_tokens'}" in err and "Traceback" not in err
+
+
 def test_scaling_demo_without_data_is_a_clear_error(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("HLM_DATA", raising=False)
     assert main(["scaling-demo", "--out", str(tmp_path)]) == 2
