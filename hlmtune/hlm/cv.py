@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 import time
@@ -109,7 +108,7 @@ def _fold_db(db: Path, fold_dir: Path, train: Sequence[str], held_out: Sequence[
     for r in [*train, *held_out]:
         for src in db.glob(f"{r}.*"):
             link = d / src.name
-            if link.is_symlink() and Path(os.readlink(link)) != src.resolve():
+            if link.is_symlink() and link.readlink() != src.resolve():
                 link.unlink()  # a copied job's link into the original (its synthetic records): its own now
             if not link.exists():
                 link.symlink_to(src.resolve())

@@ -740,9 +740,10 @@ def relocation(recorded: str, actual: Path) -> Optional[Tuple[str, str]]:
         Optional[Tuple[str, str]]: (old prefix, new prefix), or None when the folder has not moved
         or the two paths share no last component (nothing says which parts correspond).
     """
-    old, new = Path(recorded).parts, Path(actual).resolve().parts
-    if Path(recorded) == Path(actual).resolve():
+    here = Path(actual).resolve()
+    if Path(recorded) == here:
         return None
+    old, new = Path(recorded).parts, here.parts
     tail = 0
     while tail < min(len(old), len(new)) - 1 and old[-1 - tail] == new[-1 - tail]:
         tail += 1

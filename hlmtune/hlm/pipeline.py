@@ -469,11 +469,11 @@ def run_pipeline(
     report = out / "report"
     eval_stamp = report / STAGE_STAMP
     run_paths = [str(r) for r in fts]
-    cal = [str(Path(calibration).resolve())] if calibration else [None]
+    cal = str(Path(calibration).resolve()) if calibration else None
     asked = {"format": EVAL_FORMAT, "runs": portable(run_paths, root), "max_eval": max_eval,
-             "calibration": portable(cal, root)[0] if calibration else None,
+             "calibration": portable([cal], root)[0] if cal else None,
              "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
-    absolute = {**asked, "runs": run_paths, "calibration": cal[0]}  # the stamp of an older version (accepted in place)
+    absolute = {**asked, "runs": run_paths, "calibration": cal}  # the stamp of an older version (accepted in place)
     if (not force and not retrained and (report / "metrics.json").is_file() and (report / "predictions.npz").is_file()
             and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) in (asked, absolute)):
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
@@ -566,7 +566,8 @@ def register(subparsers: Any) -> None:
             "iteration time, peak memory, the confusion matrix, the published baselines and a per-record table "
             "(which patients the errors come from). Finished stages are "
             "kept on rerun (--force redoes them), also in a copy of the --out folder (cp -r outputs/demo "
-            "outputs/demo_b, then --out outputs/demo_b with other settings redoes only what they change). The tiny LoRA scaling demo is `hlmtune scaling-demo`."
+            "outputs/demo_b, then --out outputs/demo_b with other settings redoes only what they change). "
+            "The tiny LoRA scaling demo is `hlmtune scaling-demo`."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
