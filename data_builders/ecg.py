@@ -371,6 +371,8 @@ class ECGBeatClassificationDataset(Dataset):
             labelled N (an early beat in an irregular rhythm is not an S beat).
         irregular_no_p_wave (bool): with ``irregular_synth``: those examples also lose the P wave
             (beat and template) and get fibrillatory waves (:meth:`_fibrillating_waveform`).
+        rr_target (bool): the target beat's own RR token is a second target of each example
+            (predicted from the context's RR tokens), beside the class token.
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -402,6 +404,7 @@ class ECGBeatClassificationDataset(Dataset):
         premature_max_irregularity: Optional[float] = None,
         irregular_synth: float = 0.0,
         irregular_no_p_wave: bool = False,
+        rr_target: bool = False,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -491,6 +494,7 @@ class ECGBeatClassificationDataset(Dataset):
         self.irregular = (n_known & ~self.synthetic
                           & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
         self.irregular_no_p_wave = bool(irregular_no_p_wave)
+        self.rr_target = bool(rr_target)
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -643,6 +647,10 @@ class ECGBeatClassificationDataset(Dataset):
 
     def prompt(self, k: int) -> List[int]:
         """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
+        return self._prompt(k)[0]
+
+    def _prompt(self, k: int) -> Tuple[List[int], int]:
+        """``prompt(k)`` and the index in it of the target beat's own RR token."""
         e = int(self.index[k])
         i, j = int(self.rec[e]), int(self.beat[e])
         t = self.beats.tables[i]
@@ -689,13 +697,19 @@ class ECGBeatClassificationDataset(Dataset):
             *ctx, beat[1], after = self._irregular(k, ctx + [int(beat[1]), after])
         nxt = [after] if self.next_rr else []
         shown = tmpl.tolist() if self.show_template else []
-        return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id]
+        # <bos> template(W) ctx(C) <sep> rr(j) q...q [rr(j+1)] <beat?>: rr(j) follows <sep>
+        return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id], 1 + len(shown) + len(ctx) + 1
 
     def __getitem__(self, k: int) -> Dict[str, List[int]]:
-        prompt = self.prompt(k)
+        prompt, rr_at = self._prompt(k)
         answer = self.vocab.label_base + self.vocab.classes.index(self.label_of(k))
         tokens = prompt + [answer, EOS_ID]
         labels = [IGNORE] * len(prompt) + [answer, IGNORE]
+        if self.rr_target and prompt[rr_at] != self.unknown_rr:
+            # torchtune shifts labels by one: the logits at <sep> learn when this beat should come
+            # from the context's rhythm (a broad guess in fibrillation, a sharp one in sinus rhythm),
+            # and the class read at <beat?> can weigh the beat's real interval against that guess
+            labels[rr_at] = prompt[rr_at]
         return {"tokens": tokens, "labels": labels}
 
 
@@ -1033,6 +1047,7 @@ def _classification(
     premature_max_irregularity: Optional[float] = None,
     irregular_synth: float = 0.0,
     irregular_no_p_wave: bool = False,
+    rr_target: bool = False,
 ) -> ECGBeatClassificationDataset:
     if premature_max_irregularity is not None and not premature_synth:
         raise ValueError("premature_max_irregularity limits premature_synth: it needs premature_synth > 0")
@@ -1048,6 +1063,7 @@ def _classification(
         template_delta=template_delta, premature_synth=0.0 if evaluation else premature_synth,
         show_template=show_template, premature_max_irregularity=premature_max_irregularity,
         irregular_synth=0.0 if evaluation else irregular_synth, irregular_no_p_wave=irregular_no_p_wave and not evaluation,
+        rr_target=rr_target and not evaluation,
     )
 
 
@@ -1079,6 +1095,7 @@ def ecg_beat_classification_dataset(
     premature_max_irregularity: Optional[float] = None,
     irregular_synth: float = 0.0,
     irregular_no_p_wave: bool = False,
+    rr_target: bool = False,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -1151,6 +1168,13 @@ def ecg_beat_classification_dataset(
             atrial fibrillation: no P wave in the beat or the template (a straight line from
             0.25 s to 0.05 s before R) and 4-9 Hz fibrillatory waves over the beat. Without
             it, only their RR tokens are irregular, around a sinus beat's P wave. Off by default.
+        rr_target (bool): training only: the target beat's own RR token is also a target of the
+            loss (predicted at its ``<sep>`` from the context's RR tokens; unknown intervals
+            excepted), beside the class token, so the model forms an expectation of when the
+            beat should come: sharp in a regular rhythm, broad in fibrillation. Prematurity is
+            then "earlier than expected", not "earlier than the median". The class is still the
+            only answer read by ``hlmtune eval``; the DPO pairs do not take this key. Off by
+            default.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -1164,7 +1188,7 @@ def ecg_beat_classification_dataset(
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
         premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
-        irregular_no_p_wave=irregular_no_p_wave,
+        irregular_no_p_wave=irregular_no_p_wave, rr_target=rr_target,
     )
 
 

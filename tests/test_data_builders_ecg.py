@@ -600,6 +600,45 @@ def test_irregular_no_p_wave_takes_the_p_wave_away_only_in_synthetic_fibrillatio
         ecg_beat_classification_dataset(tk, **{**kw, "irregular_synth": 0.0, "irregular_no_p_wave": True})
 
 
+def test_rr_target_labels_the_target_beats_own_interval_and_nothing_else(hlm):
+    """With rr_target, each training example has a second target: the token right after the
+    target beat's <sep> (its own RR, as shown, synthetic prematurity included), unless unknown;
+    tokens and every other label are those without it; evaluation keeps one target."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+    from hlmtune.ecg_tokenizer.vocab import SEP_ID
+
+    tk = hlm["tk"]
+    v = tk.vocab
+    rr_bins = int(tk.params.rr_bins)
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=8, beat_samples=96,
+              template_beats=64, normalized_rr=64, premature_synth=0.5)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    aux = ecg_beat_classification_dataset(tk, rr_target=True, **kw)
+    labelled = unknown = synthetic = 0
+    for k in range(len(aux)):
+        a, b = plain[k], aux[k]
+        assert a["tokens"] == b["tokens"]
+        toks = b["tokens"]
+        seps = [i for i, t in enumerate(toks) if t == SEP_ID]
+        assert len(seps) == 1  # template (samples) and context (RR) hold no <sep>: this is the beat's
+        at = seps[0] + 1
+        diff = [i for i, (x, y) in enumerate(zip(a["labels"], b["labels"])) if x != y]
+        if toks[at] == v.rr_base + rr_bins:  # the unknown interval (a record's first beat) is no target
+            assert diff == []
+            unknown += 1
+            continue
+        assert diff == [at] and b["labels"][at] == toks[at] and v.rr_base <= toks[at] < v.rr_base + rr_bins
+        assert b["labels"][-2] == a["labels"][-2] != -100  # the class stays a target
+        labelled += 1
+        synthetic += bool(aux.synthetic[k])
+    assert labelled > 100 and unknown >= 1 and synthetic > 10
+    ev = _classification(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]),
+                         context_beats=8, classes=None, balance=None, num_examples=None, seed=0,
+                         random_test_fraction=0.2, evaluation=True, rr_target=True)
+    assert all(sum(lab != -100 for lab in ev[k]["labels"]) == 1 for k in range(0, len(ev), 7))
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates
