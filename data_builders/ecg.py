@@ -53,7 +53,7 @@ from torch.utils.data import Dataset
 from hlmtune.ecg_tokenizer.dataset import ECGTokensDataset, ecg_tokens_dataset, open_token_shard  # noqa: F401
 from hlmtune.ecg_tokenizer.shards import RECORDS_SUBDIR, read_manifest, stem
 from hlmtune.ecg_tokenizer.vocab import (
-    BOS_ID, EOS_ID, TokenizerParams, Vocabulary, dequantize, quantize, quantizer_edges, rr_bin, rr_edges,
+    BOS_ID, EOS_ID, SEP_ID, TokenizerParams, Vocabulary, dequantize, quantize, quantizer_edges, rr_bin, rr_edges,
 )
 from hlmtune.hlm.splits import RANDOM, TRAIN, random_beat_mask, resolve_records
 
@@ -647,10 +647,6 @@ class ECGBeatClassificationDataset(Dataset):
 
     def prompt(self, k: int) -> List[int]:
         """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
-        return self._prompt(k)[0]
-
-    def _prompt(self, k: int) -> Tuple[List[int], int]:
-        """``prompt(k)`` and the index in it of the target beat's own RR token."""
         e = int(self.index[k])
         i, j = int(self.rec[e]), int(self.beat[e])
         t = self.beats.tables[i]
@@ -697,19 +693,22 @@ class ECGBeatClassificationDataset(Dataset):
             *ctx, beat[1], after = self._irregular(k, ctx + [int(beat[1]), after])
         nxt = [after] if self.next_rr else []
         shown = tmpl.tolist() if self.show_template else []
-        # <bos> template(W) ctx(C) <sep> rr(j) q...q [rr(j+1)] <beat?>: rr(j) follows <sep>
-        return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id], 1 + len(shown) + len(ctx) + 1
+        return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id]
 
     def __getitem__(self, k: int) -> Dict[str, List[int]]:
-        prompt, rr_at = self._prompt(k)
+        prompt = self.prompt(k)
         answer = self.vocab.label_base + self.vocab.classes.index(self.label_of(k))
         tokens = prompt + [answer, EOS_ID]
         labels = [IGNORE] * len(prompt) + [answer, IGNORE]
-        if self.rr_target and prompt[rr_at] != self.unknown_rr:
-            # torchtune shifts labels by one: the logits at <sep> learn when this beat should come
-            # from the context's rhythm (a broad guess in fibrillation, a sharp one in sinus rhythm),
-            # and the class read at <beat?> can weigh the beat's real interval against that guess
-            labels[rr_at] = prompt[rr_at]
+        if self.rr_target:
+            # <bos> template(W) ctx(C) <sep> rr(j) q...q [rr(j+1)] <beat?>: template and context
+            # hold sample and RR tokens only, so the one <sep> opens the target beat
+            rr_at = prompt.index(SEP_ID) + 1
+            if prompt[rr_at] != self.unknown_rr:
+                # torchtune shifts labels by one: the logits at <sep> learn when this beat should
+                # come from the context's rhythm (a broad guess in fibrillation, a sharp one in
+                # sinus rhythm); the class read at <beat?> can weigh the real interval against it
+                labels[rr_at] = prompt[rr_at]
         return {"tokens": tokens, "labels": labels}
 
 
