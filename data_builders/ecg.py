@@ -1173,7 +1173,8 @@ def ecg_beat_classification_dataset(
             beat should come: sharp in a regular rhythm, broad in fibrillation. Prematurity is
             then "earlier than expected", not "earlier than the median". The class is still the
             only answer read by ``hlmtune eval``; the DPO pairs do not take this key. Off by
-            default.
+            default: it did not pass DS1 cross-validation (docs/hlm.md, "the beat's own
+            interval as a second target").
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
