@@ -373,6 +373,9 @@ class ECGBeatClassificationDataset(Dataset):
             (beat and template) and get fibrillatory waves (:meth:`_fibrillating_waveform`).
         rr_target (bool): the target beat's own RR token is a second target of each example
             (predicted from the context's RR tokens), beside the class token.
+        augment_stretch (float): training only: 0 = off; else the beat and the template are
+            stretched in time around their R peak by one factor per example, log-uniform in
+            ``[1 / (1 + a), 1 + a]`` (:meth:`_stretched`).
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
@@ -405,6 +408,7 @@ class ECGBeatClassificationDataset(Dataset):
         irregular_synth: float = 0.0,
         irregular_no_p_wave: bool = False,
         rr_target: bool = False,
+        augment_stretch: float = 0.0,
     ) -> None:
         params = _samples_params(manifest)
         if not 0 <= int(context_beats) <= 1000:
@@ -495,6 +499,9 @@ class ECGBeatClassificationDataset(Dataset):
                           & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
         self.irregular_no_p_wave = bool(irregular_no_p_wave)
         self.rr_target = bool(rr_target)
+        if not 0.0 <= float(augment_stretch) <= 0.5:
+            raise ValueError(f"augment_stretch must be 0 (off) .. 0.5 (a factor 1/1.5 .. 1.5), got {augment_stretch}")
+        self.augment_stretch = float(augment_stretch)
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -645,6 +652,43 @@ class ECGBeatClassificationDataset(Dataset):
         before, after = rr_bin(np.array([pre * cycle, post * cycle]), edges)
         return int(self.vocab.rr_base + before), int(self.vocab.rr_base + after)
 
+    def stretch_factor(self, k: int) -> float:
+        """Time-scale factor of example ``k`` (1.0 without ``augment_stretch``).
+
+        Log-uniform in ``[1 / (1 + a), 1 + a]``: a stretch and its inverse are equally likely,
+        so the patients' mean beat duration is kept.
+        """
+        if not self.augment_stretch:
+            return 1.0
+        a = np.log1p(self.augment_stretch)
+        return float(np.exp(np.random.default_rng((self.seed, k, 8)).uniform(-a, a)))
+
+    def _stretched(self, samples: np.ndarray, r: int, factor: float) -> np.ndarray:
+        """Sample tokens stretched in time by ``factor`` around index ``r`` (the R peak).
+
+        The output sample at ``x`` takes the waveform at ``r + (x - r) / factor`` (linear
+        interpolation in mV, the ends held beyond the window): a factor above 1 widens the QRS
+        and moves the P and T waves away from R, as a slower conduction would. The R sample is
+        kept. Applied with one factor to the beat and the template, so their difference
+        (``template_delta``) still says whether the beat is unlike the patient's usual one,
+        while the template's exact shape, which the model could otherwise memorize per
+        training patient, changes from example to example.
+
+        Args:
+            samples (np.ndarray): (n,) sample tokens (may be empty).
+            r (int): index of the R peak in ``samples``.
+            factor (float): time-scale factor.
+
+        Returns:
+            np.ndarray: (n,) sample tokens.
+        """
+        if samples.size == 0:
+            return samples
+        base, edges = self.vocab.sample_base, self._edges
+        x = np.arange(samples.size, dtype=np.float64)
+        mv = np.interp(r + (x - r) / factor, x, dequantize(samples - base, edges))  # (n,) mV
+        return (base + quantize(mv, edges)).astype(np.int64)
+
     def prompt(self, k: int) -> List[int]:
         """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
         e = int(self.index[k])
@@ -670,6 +714,10 @@ class ECGBeatClassificationDataset(Dataset):
         if rng is not None:  # gain 0.7..1.4 (log-uniform): no patient is recognised by amplitude alone
             lut = gain_lut(self.vocab, self._edges, float(np.exp(rng.uniform(np.log(0.7), np.log(1.4)))))
             beat, tmpl = lut[beat], lut[tmpl]  # one gain for the patient's beat and template
+        if self.augment_stretch:  # one time scale for the beat and its template (R kept in place)
+            f = self.stretch_factor(k)
+            beat = np.concatenate([beat[:2], self._stretched(beat[2:], int(self.params.pre) - off, f)])
+            tmpl = self._stretched(tmpl, int(self.params.pre) - self.offset, f)
         if self.template_swap and self.vocab.classes[int(self.label[e])] in ("N", "S") \
                 and np.random.default_rng((self.seed, k, 1)).random() < self.template_swap:
             beat = np.concatenate([beat[:2], tmpl])  # a normal-looking beat: only the RR tells N from S
@@ -1047,6 +1095,7 @@ def _classification(
     irregular_synth: float = 0.0,
     irregular_no_p_wave: bool = False,
     rr_target: bool = False,
+    augment_stretch: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     if premature_max_irregularity is not None and not premature_synth:
         raise ValueError("premature_max_irregularity limits premature_synth: it needs premature_synth > 0")
@@ -1062,7 +1111,7 @@ def _classification(
         template_delta=template_delta, premature_synth=0.0 if evaluation else premature_synth,
         show_template=show_template, premature_max_irregularity=premature_max_irregularity,
         irregular_synth=0.0 if evaluation else irregular_synth, irregular_no_p_wave=irregular_no_p_wave and not evaluation,
-        rr_target=rr_target and not evaluation,
+        rr_target=rr_target and not evaluation, augment_stretch=0.0 if evaluation else augment_stretch,
     )
 
 
@@ -1095,6 +1144,7 @@ def ecg_beat_classification_dataset(
     irregular_synth: float = 0.0,
     irregular_no_p_wave: bool = False,
     rr_target: bool = False,
+    augment_stretch: float = 0.0,
 ) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -1175,6 +1225,11 @@ def ecg_beat_classification_dataset(
             only answer read by ``hlmtune eval``; the DPO pairs do not take this key. Off by
             default: it did not pass DS1 cross-validation (docs/hlm.md, "the beat's own
             interval as a second target").
+        augment_stretch (float): training only (``hlmtune eval`` never stretches): the target
+            beat and the patient's template are stretched in time around the R peak by one
+            factor per example, log-uniform in ``[1 / (1 + a), 1 + a]`` (0.15: 0.87-1.15), so
+            the template's exact shape stops identifying a training patient while the beat
+            minus template still shows a ventricular beat. 0 (default) = off.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -1188,7 +1243,7 @@ def ecg_beat_classification_dataset(
         previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
         premature_synth=premature_synth, show_template=show_template,
         premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
-        irregular_no_p_wave=irregular_no_p_wave, rr_target=rr_target,
+        irregular_no_p_wave=irregular_no_p_wave, rr_target=rr_target, augment_stretch=augment_stretch,
     )
 
 

@@ -149,12 +149,13 @@ def test_config_validates_for_its_recipe(name: str, load) -> None:
     validate_config(load(name), registry.CONFIGS[name])
 
 
-# Keys of the beat-classification builders that choose or draw training examples, or add training
-# targets (rr_target: labels only, the prompt is unchanged); every other key shapes the prompt the
-# model reads (a new builder key counts as a prompt key by default).
+# Keys of the beat-classification builders that choose or draw training examples, augment them
+# (training only: evaluation prompts never change), or add training targets (rr_target: labels only,
+# the prompt is unchanged); every other key shapes the prompt the model reads (a new builder key
+# counts as a prompt key by default).
 ECG_DRAW_KEYS = {"split", "split_file", "records", "shards_dir", "classes", "balance", "num_examples", "seed",
                  "random_test_fraction", "augment", "template_swap", "record_balance", "previous_swap",
-                 "premature_synth", "rr_target"}
+                 "premature_synth", "rr_target", "augment_stretch"}
 ECG_FINETUNE_CONFIGS = ("ecg_lora", "ecg_qlora", "ecg_dpo", "ecg_qat")
 
 

@@ -639,6 +639,76 @@ def test_rr_target_labels_the_target_beats_own_interval_and_nothing_else(hlm):
     assert all(sum(lab != -100 for lab in ev[k]["labels"]) == 1 for k in range(0, len(ev), 7))
 
 
+def _stretch_reference(tokens, r, factor, base, edges):
+    """Slow reference of a time stretch around sample r: each output sample looks up its source
+    position by hand and blends the two neighbouring samples (ends held)."""
+    from hlmtune.ecg_tokenizer.vocab import dequantize, quantize
+
+    mv = [float(x) for x in dequantize(np.asarray(tokens) - base, edges)]
+    out = []
+    for x in range(len(mv)):
+        pos = r + (x - r) / factor
+        if pos <= 0:
+            out.append(mv[0])
+        elif pos >= len(mv) - 1:
+            out.append(mv[-1])
+        else:
+            lo = int(math.floor(pos))
+            w = pos - lo
+            out.append(mv[lo] * (1 - w) + mv[lo + 1] * w)
+    return (base + quantize(np.array(out), edges)).tolist()
+
+
+def test_augment_stretch_scales_beat_and_template_in_time_around_r(hlm):
+    """augment_stretch: the beat and the template are the plain example's, stretched by one factor
+    per example around their R peak (checked against a slow reference, with and without the
+    crop shift of augment); RR tokens, labels and the query stay; evaluation never stretches."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import _classification
+    from hlmtune.ecg_tokenizer.vocab import SEP_ID, quantizer_edges
+
+    tk = hlm["tk"]
+    base, edges, n = tk.vocab.sample_base, quantizer_edges(tk.params), 96
+    pre, window = int(tk.params.pre), int(tk.params.window)
+    offset = min(max(0, pre - n // 3), window - n)  # the crop keeps R at a third of the kept samples
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=8, beat_samples=n,
+              template_beats=64, normalized_rr=64, premature_synth=0.2, num_examples=None)
+    for augment in (False, True):
+        plain = ecg_beat_classification_dataset(tk, augment=augment, **kw)
+        st = ecg_beat_classification_dataset(tk, augment=augment, augment_stretch=0.15, **kw)
+        assert plain.offset == offset
+        factors, widened = [], 0
+        for k in range(0, len(st), 3):
+            a, b = plain[k], st[k]
+            assert a["labels"] == b["labels"] and len(a["tokens"]) == len(b["tokens"])
+            sep = b["tokens"].index(SEP_ID)
+            f = st.stretch_factor(k)
+            factors.append(f)
+            off = offset
+            if augment:  # the crop shift of augment: the same seeded draw as the dataset's
+                off = int(np.clip(offset + np.random.default_rng((0, k)).integers(-2, 3), 0, window - n))
+            ta, tb = a["tokens"][1 : 1 + n], b["tokens"][1 : 1 + n]
+            ba, bb = a["tokens"][sep + 2 : sep + 2 + n], b["tokens"][sep + 2 : sep + 2 + n]
+            assert tb == _stretch_reference(ta, pre - offset, f, base, edges), k
+            assert bb == _stretch_reference(ba, pre - off, f, base, edges), k
+            assert bb[pre - off] == ba[pre - off]  # R stays where it was
+            # everything but the two waveforms is the plain example's: RR tokens, <sep>, query
+            assert b["tokens"][1 + n : sep + 2] == a["tokens"][1 + n : sep + 2]
+            assert b["tokens"][sep + 2 + n :] == a["tokens"][sep + 2 + n :]
+            widened += f > 1.05 and bb != ba
+        factors = np.log(factors)
+        assert factors.min() >= -math.log(1.15) - 1e-9 and factors.max() <= math.log(1.15) + 1e-9
+        assert factors.min() < -0.1 and factors.max() > 0.1 and abs(factors.mean()) < 0.03
+        assert widened > 20
+    ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
+              classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
+              template_beats=64, beat_samples=n)
+    e1, e2 = _classification(tk, augment_stretch=0.3, **ev), _classification(tk, **ev)
+    assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
+    with pytest.raises(ValueError, match="augment_stretch must be"):
+        ecg_beat_classification_dataset(tk, augment_stretch=0.6, **kw)
+
+
 def test_templates_are_causal_after_the_warm_up():
     """A block's template never reads its own or later beats once the record is past the warm-up."""
     from hlmtune.data_builders.ecg import beat_templates
