@@ -1229,7 +1229,9 @@ def ecg_beat_classification_dataset(
             beat and the patient's template are stretched in time around the R peak by one
             factor per example, log-uniform in ``[1 / (1 + a), 1 + a]`` (0.15: 0.87-1.15), so
             the template's exact shape stops identifying a training patient while the beat
-            minus template still shows a ventricular beat. 0 (default) = off.
+            minus template still shows a ventricular beat. 0 (default) = off: 0.15 lifted V but
+            not S or macro-F1 in DS1 cross-validation (docs/hlm.md, "the beat and its template
+            stretched in time").
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
