@@ -1,4 +1,5 @@
-"""`hlmtune cv`: folds by patient, pooled out-of-fold predictions, the calibration it writes."""
+"""`hlmtune cv`: folds by patient, pooled out-of-fold predictions, the calibration it writes, the
+members pooled and the comparison with a baseline run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from hlmtune.hlm import calibrate as cal
-from hlmtune.hlm.cv import make_folds
+from hlmtune.hlm.cv import compare_to_baseline, make_folds, pooled_members, read_baseline
 
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
 
@@ -42,6 +43,79 @@ def test_folds_partition_the_records_and_spread_the_rare_classes():
     for k in (1, 23):
         with pytest.raises(ValueError, match="--folds must be 2..22"):
             make_folds(many, k)
+
+
+def _f1(conf, k):
+    """F1 of class k from a confusion (rows true, columns predicted), written out by hand."""
+    tp = conf[k][k]
+    called = sum(row[k] for row in conf)
+    actual = sum(conf[k])
+    se, ppv = tp / actual, tp / called
+    return 2 * se * ppv / (se + ppv)
+
+
+def test_members_are_pooled_seed_by_seed_over_the_folds():
+    classes = ["N", "S"]
+    # rows as metrics.json stores them (sorted keys), the order in row_order: ensemble first
+    fold = lambda e, m1, m2: {"row_order": ["ens", "member 1 (lora)", "member 2 (lora_seed1)"], "result": "ens",  # noqa: E731
+                              "results": {"ens": {"confusion": e}, "member 2 (lora_seed1)": {"confusion": m2},
+                                          "member 1 (lora)": {"confusion": m1}}}
+    f1 = fold([[9, 1], [0, 2]], [[8, 2], [1, 1]], [[10, 0], [2, 0]])
+    f2 = fold([[5, 0], [1, 3]], [[4, 1], [0, 4]], [[3, 2], [1, 3]])
+    got = pooled_members([f1, f2], classes)
+    assert [m["name"] for m in got] == ["member 1 (lora)", "member 2 (lora_seed1)"]
+    m1 = [[12, 3], [1, 5]]  # fold 1 + fold 2 of member 1
+    m2 = [[13, 2], [3, 3]]
+    assert got[0]["confusion"] == m1 and got[1]["confusion"] == m2
+    for m, conf in zip(got, (m1, m2)):
+        assert m["per_class"]["S"]["f1"] == pytest.approx(_f1(conf, 1))
+        assert m["macro_f1"] == pytest.approx((_f1(conf, 0) + _f1(conf, 1)) / 2)
+        assert m["n"] == 21
+    # one seed (no members), or folds listing different members: nothing to pool
+    one = {"results": {"HLM (this run)": {"confusion": [[1, 0], [0, 1]]}}}
+    assert pooled_members([one, one], classes) == []
+    other = fold([[5, 0], [1, 3]], [[4, 1], [0, 4]], [[3, 2], [1, 3]])
+    other["results"]["member 3 (lora_seed2)"] = other["results"].pop("member 2 (lora_seed1)")
+    other["row_order"][2] = "member 3 (lora_seed2)"
+    assert pooled_members([f1, other], classes) == []
+
+
+def _cv_doc(held, fold_f1, pooled_f1, s_f1, members=None):
+    doc = {"classes": ["N", "S"], "folds": [{"fold": k + 1, "held_out": h, "macro_f1": f}
+                                            for k, (h, f) in enumerate(zip(held, fold_f1))],
+           "pooled": {"macro_f1": pooled_f1, "per_class": {"N": {"f1": 0.9}, "S": {"f1": s_f1}}}}
+    if members:
+        doc["pooled_members"] = [{"macro_f1": m} for m in members]
+    return doc
+
+
+def test_a_run_is_compared_fold_by_fold_with_its_baseline(tmp_path):
+    held = [["101", "102"], ["103"], ["104"]]
+    base = _cv_doc(held, [0.6, 0.5, 0.4], 0.55, 0.3, members=[0.50, 0.52, 0.54])
+    # folds listed in another order inside a fold: still the same folds
+    new = _cv_doc([["102", "101"], ["103"], ["104"]], [0.6, 0.45, 0.41], 0.56, 0.35, members=[0.53, 0.55, 0.57])
+    cmp = compare_to_baseline(new, base, "b")
+    assert [round(f["delta"], 6) for f in cmp["folds"]] == [0.0, -0.05, 0.01]
+    assert cmp["folds_at_or_above"] == 2  # equal counts as at
+    assert cmp["pooled"]["delta"] == pytest.approx(0.01) and cmp["pooled"]["f1"]["S"] == {"this": 0.35, "baseline": 0.3}
+    assert cmp["members_mean_macro_f1"] == pytest.approx({"this": 0.55, "baseline": 0.52})
+    assert "members_mean_macro_f1" not in compare_to_baseline(_cv_doc(held, [0.6, 0.5, 0.4], 0.5, 0.3), base, "b")
+    with pytest.raises(ValueError, match="fold 2 holds out 103 there, 105 here"):
+        compare_to_baseline(_cv_doc([["101", "102"], ["105"], ["104"]], [0.6, 0.5, 0.4], 0.5, 0.3), base, "b")
+    with pytest.raises(ValueError, match="2 folds, this run has 3"):
+        compare_to_baseline(new, _cv_doc(held[:2], [0.6, 0.5], 0.5, 0.3), "b")
+    # read_baseline: a cv folder or its file; anything else is named
+    (tmp_path / "cv").mkdir()
+    (tmp_path / "cv" / "cv_metrics.json").write_text(json.dumps(base))
+    assert read_baseline(tmp_path / "cv") == base == read_baseline(tmp_path / "cv" / "cv_metrics.json")
+    with pytest.raises(FileNotFoundError, match="nothere: no cv_metrics.json"):
+        read_baseline(tmp_path / "nothere")
+    (tmp_path / "x.json").write_text('{"folds": []}')
+    with pytest.raises(ValueError, match="x.json: not an `hlmtune cv` result"):
+        read_baseline(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text("{")
+    with pytest.raises(ValueError, match="y.json: not JSON"):
+        read_baseline(tmp_path / "y.json")
 
 
 @pytest.mark.slow
@@ -105,8 +179,15 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     copy = tmp_path / "cv_b"
     shutil.copytree(out, copy, symlinks=True)
     shutil.rmtree(out)
-    proc = subprocess.run([*cmd[:2], "--out", str(copy), *cmd[4:]], capture_output=True, text=True, env=env)
+    base = tmp_path / "base.json"  # the first run's figures, kept as the baseline of the rerun
+    shutil.copy(copy / "cv_metrics.json", base)
+    proc = subprocess.run([*cmd[:2], "--out", str(copy), "--baseline", str(base), *cmd[4:]], capture_output=True,
+                          text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"against {base}: pooled macro-F1" in proc.stdout and "(+0.000); folds at or above: 2 of 2" in proc.stdout
+    cmp = json.loads((copy / "cv_metrics.json").read_text())["baseline"]
+    assert [f["delta"] for f in cmp["folds"]] == [0.0, 0.0] and cmp["source"] == str(base)
+    assert f"## Against the baseline `{base}`" in (copy / "report.md").read_text()
     assert proc.stderr.count("finished before, kept") == 4  # pretrain + fine-tune of each fold
     assert proc.stderr.count("evaluation: finished before with these models, kept") == 2
     assert json.loads((copy / "cv_metrics.json").read_text())["pooled"] == doc["pooled"]
@@ -116,7 +197,7 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
 
 def test_bad_cv_arguments_are_one_line(tmp_path):
     for args in (["--folds", "1", "--source", "synthetic"], ["--nproc", "0"], ["notakeyvalue"], ["lora_rank=4"],
-                 ["--calibrate-classes", "N", "X"]):
+                 ["--calibrate-classes", "N", "X"], ["--baseline", str(tmp_path / "nothere")]):
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

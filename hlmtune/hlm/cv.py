@@ -18,6 +18,9 @@ From the pooled predictions it writes:
 
 Fine-tuning overrides after the flags (``hlmtune cv ... dataset.next_rr=False``) apply to every
 fold, so one command scores a setting. Reruns keep finished folds (``--force`` redoes them).
+With ``--seeds`` above 1 the report also pools each ensemble member over the folds (the seed
+spread a setting must beat), and ``--baseline DIR`` (an earlier ``hlmtune cv`` folder with the
+same folds) puts this run beside it: fold by fold, pooled, and how many folds are at or above.
 """
 
 from __future__ import annotations
@@ -127,6 +130,115 @@ def _pooled(fold_preds: Sequence[np.ndarray], fold_truth: Sequence[np.ndarray], 
     return r
 
 
+def pooled_members(fold_metrics: Sequence[Dict[str, Any]], classes: Sequence[str]) -> List[Dict[str, Any]]:
+    """Each ensemble member's predictions pooled over the folds (confusions summed).
+
+    A fold's ``metrics.json`` lists its rows headline first (the ensemble), then the members in
+    seed order (``member 1 (lora)``, ``member 2 (lora_seed1)``, ...): member ``m`` of every fold
+    is one fine-tuning seed, and pooling it gives that seed's out-of-fold figures, the draw the
+    ensemble's figure is to be read against.
+
+    Args:
+        fold_metrics (Sequence[Dict]): the folds' ``metrics.json`` documents.
+        classes (Sequence[str]): class order of the confusions.
+
+    Returns:
+        List[Dict]: per member ``{"name", "confusion", "per_class", "macro_f1", "accuracy", "n"}``;
+        empty when a fold has no members (one seed) or the folds list different members.
+    """
+    from hlmtune.hlm.evaluate import ordered_results, summarize
+
+    names = [list(ordered_results(m))[1:] for m in fold_metrics]
+    if not names or not names[0] or any(n != names[0] for n in names):
+        return []
+    out = []
+    for name in names[0]:
+        conf = np.sum([np.asarray(ordered_results(m)[name]["confusion"], np.int64) for m in fold_metrics], axis=0)
+        r = summarize(conf.tolist(), classes)
+        out.append({"name": name, "confusion": conf.tolist(), **r})
+    return out
+
+
+def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) -> Dict[str, Any]:
+    """This run's figures beside a baseline run's (both ``cv_metrics.json`` documents).
+
+    Args:
+        doc (Dict): this run's document (``folds``, ``pooled``, optional ``pooled_members``).
+        base (Dict): the baseline's document.
+        source (str): where the baseline came from (for the report).
+
+    Returns:
+        Dict: ``folds`` (per fold: this, baseline, delta of macro-F1), ``folds_at_or_above``,
+        ``pooled`` (this, baseline, delta of macro-F1 and of each class's F1), and the members'
+        mean pooled macro-F1 of each run where both have members.
+
+    Raises:
+        ValueError: the two runs hold out different records in some fold (not the same folds).
+    """
+    mine, theirs = doc["folds"], base.get("folds", [])
+    if len(mine) != len(theirs):
+        raise ValueError(f"--baseline {source}: {len(theirs)} folds, this run has {len(mine)}: not the same folds")
+    for a, b in zip(mine, theirs):
+        if sorted(a["held_out"]) != sorted(b["held_out"]):
+            raise ValueError(f"--baseline {source}: fold {a['fold']} holds out {' '.join(b['held_out'])} there, "
+                             f"{' '.join(a['held_out'])} here: not the same folds")
+    folds = [{"fold": a["fold"], "macro_f1": a["macro_f1"], "baseline": b["macro_f1"],
+              "delta": a["macro_f1"] - b["macro_f1"]} for a, b in zip(mine, theirs)]
+    classes = [c for c in doc["classes"] if c in base["pooled"]["per_class"]]
+    f1 = lambda r, c: r["per_class"][c]["f1"]  # noqa: E731
+    pooled = {"macro_f1": doc["pooled"]["macro_f1"], "baseline": base["pooled"]["macro_f1"],
+              "delta": doc["pooled"]["macro_f1"] - base["pooled"]["macro_f1"],
+              "f1": {c: {"this": f1(doc["pooled"], c), "baseline": f1(base["pooled"], c)} for c in classes}}
+    out = {"source": source, "folds": folds, "folds_at_or_above": sum(f["delta"] >= 0 for f in folds),
+           "pooled": pooled}
+    means = [[m["macro_f1"] for m in d.get("pooled_members", [])] for d in (doc, base)]
+    if all(means):
+        out["members_mean_macro_f1"] = {"this": float(np.mean(means[0])), "baseline": float(np.mean(means[1]))}
+    return out
+
+
+def read_baseline(path: Path) -> Dict[str, Any]:
+    """The ``cv_metrics.json`` of ``path`` (an ``hlmtune cv`` folder, or the file itself).
+
+    Raises:
+        FileNotFoundError: no such file (naming it).
+        ValueError: not a cross-validation document.
+    """
+    f = path / "cv_metrics.json" if path.is_dir() else path
+    if not f.is_file():
+        raise FileNotFoundError(f"--baseline {path}: no cv_metrics.json (give an `hlmtune cv --out` folder)")
+    try:
+        doc = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--baseline {f}: not JSON ({e})") from None
+    if not isinstance(doc, dict) or not all(k in doc for k in ("folds", "pooled", "classes")):
+        raise ValueError(f"--baseline {f}: not an `hlmtune cv` result (needs folds, pooled, classes)")
+    return doc
+
+
+def baseline_lines(cmp: Dict[str, Any]) -> List[str]:
+    """Markdown section of :func:`compare_to_baseline`."""
+    d = lambda v: f"{v:+.3f}"  # noqa: E731
+    p = cmp["pooled"]
+    lines = [
+        f"## Against the baseline `{cmp['source']}`",
+        "",
+        "| | this run | baseline | difference |",
+        "|---|---|---|---|",
+        *[f"| fold {f['fold']} macro-F1 | {f['macro_f1']:.3f} | {f['baseline']:.3f} | {d(f['delta'])} |"
+          for f in cmp["folds"]],
+        f"| **pooled macro-F1** | **{p['macro_f1']:.3f}** | **{p['baseline']:.3f}** | **{d(p['delta'])}** |",
+        *[f"| pooled {c} F1 | {v['this']:.3f} | {v['baseline']:.3f} | {d(v['this'] - v['baseline'])} |"
+          for c, v in p["f1"].items() if v["this"] is not None and v["baseline"] is not None],
+    ]
+    if "members_mean_macro_f1" in cmp:
+        m = cmp["members_mean_macro_f1"]
+        lines.append(f"| members' mean pooled macro-F1 | {m['this']:.3f} | {m['baseline']:.3f} | "
+                     f"{d(m['this'] - m['baseline'])} |")
+    lines += ["", f"Folds at or above the baseline: {cmp['folds_at_or_above']} of {len(cmp['folds'])}.", ""]
+    return lines
+
+
 def _check_overrides(overrides: Sequence[str]) -> None:
     """Refuse a fine-tuning override ``ecg_lora`` does not take before any fold trains.
 
@@ -149,7 +261,7 @@ def run_cv(
     *, out: Path, data: Optional[str] = None, source: str = "auto", folds: int = 4, nproc: int = 2,
     pretrain_steps: int = PRETRAIN_STEPS, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
-    calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1,
+    calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
 ) -> Path:
     """Cross-validate the main job's model inside DS1; returns the report path.
 
@@ -170,6 +282,9 @@ def run_cv(
         calibrate_classes (Optional[Sequence[str]]): the classes whose F1 the calibration
             maximises and whose bias it moves (default: all); e.g. N S V, leaving F (in MIT-BIH
             DS1 almost all one patient's, record 208) at 0.
+        baseline (Optional[Path]): an earlier ``hlmtune cv`` folder (or its ``cv_metrics.json``)
+            with the same folds: the report and ``cv_metrics.json`` put this run beside it
+            (:func:`compare_to_baseline`). Read before any fold trains.
     """
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1
@@ -182,6 +297,7 @@ def run_cv(
 
     if calibrate_classes and not set(calibrate_classes) <= set(AAMI_CLASSES):
         raise ValueError(f"--calibrate-classes: AAMI classes are {' '.join(AAMI_CLASSES)}, got {' '.join(calibrate_classes)}")
+    base = read_baseline(Path(baseline)) if baseline is not None else None
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
     db, described, split_file = find_data(data, out, source)
@@ -199,6 +315,7 @@ def run_cv(
     fold_lp: List[np.ndarray] = []
     fold_records: List[Optional[np.ndarray]] = []  # None: a fold evaluated before predictions.npz named records
     rows: List[Dict[str, Any]] = []
+    fold_metrics: List[Dict[str, Any]] = []
     classes: List[str] = []
     for k, held in enumerate(parts):
         train = [r for r in ds1 if r not in held]
@@ -215,6 +332,7 @@ def run_cv(
         fold_lp.append(pred["logprobs"][0])
         fold_records.append(pred["record"] if "record" in pred.files else None)
         metrics = json.loads((report.parent / "metrics.json").read_text())
+        fold_metrics.append(metrics)
         r = headline(metrics)
         rows.append({"fold": k + 1, "held_out": held, "train": train, "n": r["n"], "macro_f1": r["macro_f1"],
                      "per_class": r["per_class"]})
@@ -248,6 +366,12 @@ def run_cv(
            "pooled_nested_calibration": nested, "pooled_fitted_in_sample": fitted,
            "class_bias": dict(zip(classes, map(float, bias))), **summary,
            "wall_s": time.perf_counter() - t0}
+    members = pooled_members(fold_metrics, classes)
+    if members:
+        doc["pooled_members"] = members
+    cmp = compare_to_baseline(doc, base, str(baseline)) if base is not None else None
+    if cmp is not None:
+        doc["baseline"] = cmp
     atomic_write_bytes(out / "cv_metrics.json", (json.dumps(doc, indent=1) + "\n").encode())
 
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
@@ -272,6 +396,16 @@ def run_cv(
         "",
         class_table(pooled, classes),
         "",
+        *(["## Ensemble members, pooled over the folds (one fine-tuning seed each)", "",
+            "| member | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
+            "|---|" + "---|" * len(classes) + "---|",
+            *[f"| {m['name']} | " + " | ".join(fmt(m["per_class"][c]["f1"]) for c in classes)
+              + f" | {fmt(m['macro_f1'])} |" for m in members],
+            "",
+            f"Members' mean {fmt(float(np.mean([m['macro_f1'] for m in members])))}, the ensemble "
+            f"{fmt(pooled['macro_f1'])}: a setting is judged against the spread of the members, not one of them.",
+            ""] if members else []),
+        *(baseline_lines(cmp) if cmp is not None else []),
         "## With a class bias fitted on the other folds (nested: what calibration buys, honestly)",
         "",
         class_table(nested, classes),
@@ -315,8 +449,8 @@ def register(subparsers: Any) -> None:
             "  hlmtune cv --out outputs/cv                                  # the shipped settings\n"
             "  hlmtune cv --out outputs/cv dataset.premature_synth=0.2     # same folds and pretrained models,\n"
             "                                                               # new fine-tunes: a setting scored\n"
-            "  cp -r outputs/cv outputs/cv_b && hlmtune cv --out outputs/cv_b dataset.premature_synth=0.2\n"
-            "                                                  # the same, keeping outputs/cv's fine-tunes too\n"
+            "  cp -r outputs/cv outputs/cv_b && hlmtune cv --out outputs/cv_b --baseline outputs/cv \\\n"
+            "      dataset.premature_synth=0.2    # the same, keeping outputs/cv's fine-tunes, reported beside them\n"
             "  hlmtune eval --config RUN --calibration outputs/cv/calibration.json\n"
             "  hlmtune cv --out /tmp/cv --source synthetic --folds 2 --pretrain-steps 4 --finetune-examples 64 "
             "--max-eval 150   # smoke run"
@@ -330,6 +464,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--calibrate-classes", nargs="+", default=None, metavar="CLASS",
                    help="classes whose F1 the class bias maximises and whose bias moves (default: all), e.g. "
                         "N S V to leave a class seen in one or two patients at 0")
+    p.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                   help="an earlier `hlmtune cv --out` folder with the same folds: the report puts this run beside it "
+                        "(per fold, pooled, members' mean) and counts the folds at or above it")
     add_job_arguments(p, out="outputs/cv", each=" per fold")
     p.set_defaults(func=lambda args: _main(args, run_job))
 
@@ -344,7 +481,8 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
         report = run_cv(out=Path(args.out), data=args.data, source=args.source, folds=args.folds, nproc=args.nproc,
                         pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples,
                         model=args.model, seeds=args.seeds, pretrainings=args.pretrainings, max_eval=args.max_eval, force=args.force,
-                        finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes)
+                        finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
+                        baseline=args.baseline)
         from hlmtune.hlm.evaluate import class_table
 
         doc = json.loads((report.parent / "cv_metrics.json").read_text())
@@ -352,6 +490,11 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
         print(class_table(doc["pooled"], doc["classes"]))
         print(f"macro-F1 with a class bias fitted on the other folds (nested): "
               f"{doc['cv_macro_f1_nested_calibration']:.3f}")
+        if "baseline" in doc:
+            cmp = doc["baseline"]
+            print(f"against {cmp['source']}: pooled macro-F1 {cmp['pooled']['macro_f1']:.3f} vs "
+                  f"{cmp['pooled']['baseline']:.3f} ({cmp['pooled']['delta']:+.3f}); folds at or above: "
+                  f"{cmp['folds_at_or_above']} of {len(cmp['folds'])}")
         print(f"calibration: {report.parent / 'calibration.json'}")
         return report
 
