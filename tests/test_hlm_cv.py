@@ -196,6 +196,12 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
 
 
 def test_bad_cv_arguments_are_one_line(tmp_path):
+    other = tmp_path / "other.json"  # a baseline of other folds: refused before any fold trains
+    other.write_text(json.dumps({"folds": [{"held_out": ["x1"]}, {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
+    proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), "--source", "synthetic", "--folds", "2",
+                           "--baseline", str(other)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "fold 1 holds out x1 there" in proc.stderr, proc.stderr
+    assert not (tmp_path / "cv" / "fold1").exists()
     for args in (["--folds", "1", "--source", "synthetic"], ["--nproc", "0"], ["notakeyvalue"], ["lora_rank=4"],
                  ["--calibrate-classes", "N", "X"], ["--baseline", str(tmp_path / "nothere")]):
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)

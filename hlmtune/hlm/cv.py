@@ -175,13 +175,8 @@ def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) 
     Raises:
         ValueError: the two runs hold out different records in some fold (not the same folds).
     """
-    mine, theirs = doc["folds"], base.get("folds", [])
-    if len(mine) != len(theirs):
-        raise ValueError(f"--baseline {source}: {len(theirs)} folds, this run has {len(mine)}: not the same folds")
-    for a, b in zip(mine, theirs):
-        if sorted(a["held_out"]) != sorted(b["held_out"]):
-            raise ValueError(f"--baseline {source}: fold {a['fold']} holds out {' '.join(b['held_out'])} there, "
-                             f"{' '.join(a['held_out'])} here: not the same folds")
+    mine, theirs = doc["folds"], base["folds"]
+    check_same_folds([a["held_out"] for a in mine], base, source)
     folds = [{"fold": a["fold"], "macro_f1": a["macro_f1"], "baseline": b["macro_f1"],
               "delta": a["macro_f1"] - b["macro_f1"]} for a, b in zip(mine, theirs)]
     classes = [c for c in doc["classes"] if c in base["pooled"]["per_class"]]
@@ -195,6 +190,21 @@ def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) 
     if all(means):
         out["members_mean_macro_f1"] = {"this": float(np.mean(means[0])), "baseline": float(np.mean(means[1]))}
     return out
+
+
+def check_same_folds(held_out: Sequence[Sequence[str]], base: Dict[str, Any], source: str) -> None:
+    """Refuse a baseline whose folds hold out other records (its figures would not be comparable).
+
+    Raises:
+        ValueError: naming the first fold that differs (or the fold counts).
+    """
+    theirs = [b["held_out"] for b in base["folds"]]
+    if len(held_out) != len(theirs):
+        raise ValueError(f"--baseline {source}: {len(theirs)} folds, this run has {len(held_out)}: not the same folds")
+    for k, (a, b) in enumerate(zip(held_out, theirs), start=1):
+        if sorted(a) != sorted(b):
+            raise ValueError(f"--baseline {source}: fold {k} holds out {' '.join(b)} there, {' '.join(a)} here: "
+                             "not the same folds")
 
 
 def read_baseline(path: Path) -> Dict[str, Any]:
@@ -306,6 +316,8 @@ def run_cv(
     ds1 = list(json.loads(split_file.read_text())["DS1"]) if split_file else list(MITDB_DS1)
     counts = record_class_counts(db, ds1)
     parts = make_folds(counts, folds)
+    if base is not None:  # before any fold trains: a baseline of other folds is refused now, not in hours
+        check_same_folds(parts, base, str(baseline))
     _say(f"data: {described}; {len(ds1)} DS1 records in {folds} folds (DS2 is not read)")
     atomic_write_text(out / "folds.json", json.dumps({"folds": parts, "counts": counts}, indent=1) + "\n")
     synthetic = (db / SYNTHETIC_MARK).exists()
