@@ -148,12 +148,13 @@ def pooled_members(fold_metrics: Sequence[Dict[str, Any]], classes: Sequence[str
     """
     from hlmtune.hlm.evaluate import ordered_results, summarize
 
-    names = [list(ordered_results(m))[1:] for m in fold_metrics]
+    results = [ordered_results(m) for m in fold_metrics]
+    names = [list(r)[1:] for r in results]
     if not names or not names[0] or any(n != names[0] for n in names):
         return []
     out = []
     for name in names[0]:
-        conf = np.sum([np.asarray(ordered_results(m)[name]["confusion"], np.int64) for m in fold_metrics], axis=0)
+        conf = np.sum([np.asarray(r[name]["confusion"], np.int64) for r in results], axis=0)
         r = summarize(conf.tolist(), classes)
         out.append({"name": name, "confusion": conf.tolist(), **r})
     return out
@@ -387,6 +388,7 @@ def run_cv(
     atomic_write_bytes(out / "cv_metrics.json", (json.dumps(doc, indent=1) + "\n").encode())
 
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    f1_cells = lambda r: " | ".join(fmt(r["per_class"][c]["f1"]) for c in classes) + f" | {fmt(r['macro_f1'])} |"  # noqa: E731
     lines = [
         f"**Patient-wise {folds}-fold cross-validation inside DS1 ({described}): every beat below is predicted by "
         "a model that never saw its patient. DS2 was not read. Not comparable to DS1 -> DS2 figures or the "
@@ -402,7 +404,7 @@ def run_cv(
         "| fold | held-out records | beats | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
         "|---|---|---|" + "---|" * len(classes) + "---|",
         *[f"| {r['fold']} | {' '.join(r['held_out'])} | {r['n']} | "
-          + " | ".join(fmt(r["per_class"][c]["f1"]) for c in classes) + f" | {fmt(r['macro_f1'])} |" for r in rows],
+          + f1_cells(r) for r in rows],
         "",
         "## Pooled out-of-fold predictions",
         "",
@@ -411,8 +413,7 @@ def run_cv(
         *(["## Ensemble members, pooled over the folds (one fine-tuning seed each)", "",
             "| member | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
             "|---|" + "---|" * len(classes) + "---|",
-            *[f"| {m['name']} | " + " | ".join(fmt(m["per_class"][c]["f1"]) for c in classes)
-              + f" | {fmt(m['macro_f1'])} |" for m in members],
+            *[f"| {m['name']} | " + f1_cells(m) for m in members],
             "",
             f"Members' mean {fmt(float(np.mean([m['macro_f1'] for m in members])))}, the ensemble "
             f"{fmt(pooled['macro_f1'])}: a setting is judged against the spread of the members, not one of them.",
