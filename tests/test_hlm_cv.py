@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 
 from hlmtune.hlm import calibrate as cal
-from hlmtune.hlm.cv import compare_to_baseline, make_folds, pooled_members, read_baseline
+from hlmtune.hlm.cv import (
+    baseline_lines, compare_to_baseline, make_folds, pooled_members, pretrain_fingerprints, pretraining_summary,
+    read_baseline,
+)
 
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
 
@@ -107,7 +110,10 @@ def test_a_run_is_compared_fold_by_fold_with_its_baseline(tmp_path):
     # read_baseline: a cv folder or its file; anything else is named
     (tmp_path / "cv").mkdir()
     (tmp_path / "cv" / "cv_metrics.json").write_text(json.dumps(base))
-    assert read_baseline(tmp_path / "cv") == base == read_baseline(tmp_path / "cv" / "cv_metrics.json")
+    got = read_baseline(tmp_path / "cv")
+    assert got == read_baseline(tmp_path / "cv" / "cv_metrics.json") and got["pooled"] == base["pooled"]
+    # rows kept as written, plus pretrained models looked up beside the file (none here)
+    assert got["folds"] == [dict(r, pretrain_sha256=None) for r in base["folds"]]
     with pytest.raises(FileNotFoundError, match="nothere: no cv_metrics.json"):
         read_baseline(tmp_path / "nothere")
     (tmp_path / "x.json").write_text('{"folds": []}')
@@ -116,6 +122,63 @@ def test_a_run_is_compared_fold_by_fold_with_its_baseline(tmp_path):
     (tmp_path / "y.json").write_text("{")
     with pytest.raises(ValueError, match="y.json: not JSON"):
         read_baseline(tmp_path / "y.json")
+
+
+def _pretrained(fold_dir, payload, name="pretrain"):
+    ckpt = fold_dir / "runs" / name / "epoch_0"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "model.pt").write_bytes(payload)
+
+
+def test_pretrained_models_are_named_by_their_checkpoint_bytes(tmp_path):
+    import hashlib
+
+    a, b = tmp_path / "a" / "fold1", tmp_path / "b" / "fold1"
+    _pretrained(a, b"weights-0")
+    # the documented format, written out: SHA-256 over each file's name, a NUL and its bytes
+    assert pretrain_fingerprints(a, 1) == [hashlib.sha256(b"model.pt\0weights-0").hexdigest()[:16]]
+    shutil.copytree(a, b)  # a copied job keeps its pretrained models
+    assert pretrain_fingerprints(b, 1) == pretrain_fingerprints(a, 1)
+    _pretrained(b, b"weights-1")  # one byte another: another model
+    assert pretrain_fingerprints(b, 1) != pretrain_fingerprints(a, 1)
+    assert pretrain_fingerprints(a, 2) is None  # the second pretraining is not there
+    _pretrained(a, b"weights-0", name="pretrain_seed1")
+    fp = pretrain_fingerprints(a, 2)
+    assert len(fp) == 2 and fp[0] == fp[1]  # same bytes under both names: one content
+    assert pretrain_fingerprints(tmp_path / "nothere", 1) is None
+
+
+def test_the_comparison_says_where_the_pretrained_models_differ(tmp_path):
+    held = [["101", "102"], ["103"], ["104"]]
+    base = _cv_doc(held, [0.6, 0.5, 0.4], 0.55, 0.3)
+    new = _cv_doc(held, [0.6, 0.45, 0.41], 0.56, 0.35)
+    for row, fp in zip(base["folds"], (["a"], ["b"], ["c"])):
+        row["pretrain_sha256"] = fp
+    for row, fp in zip(new["folds"], (["a"], ["x"], ["c"])):
+        row["pretrain_sha256"] = fp
+    cmp = compare_to_baseline(new, base, "b")
+    assert [f["same_pretraining"] for f in cmp["folds"]] == [True, False, True]
+    assert pretraining_summary(cmp) == "same pretrained models in 2 of 3 folds"
+    assert "**Pretrained models differ from the baseline's in fold(s) 2**" in "\n".join(baseline_lines(cmp))
+    new["folds"][1]["pretrain_sha256"] = ["b"]
+    cmp = compare_to_baseline(new, base, "b")
+    assert pretraining_summary(cmp) == "same pretrained models in 3 of 3 folds"
+    assert "Pretrained models: the baseline's in all 3 folds" in "\n".join(baseline_lines(cmp))
+    del base["folds"][2]["pretrain_sha256"]  # a row written before fingerprints: unknown, not "same"
+    cmp = compare_to_baseline(new, base, "b")
+    assert [f["same_pretraining"] for f in cmp["folds"]] == [True, True, None]
+    assert pretraining_summary(cmp) == "same pretrained models in 2 of 3 folds (1 unknown)"
+    assert "not known to be the baseline's in fold(s) 3" in "\n".join(baseline_lines(cmp))
+    # a baseline folder whose cv_metrics.json predates fingerprints: its checkpoints name them
+    old = _cv_doc(held, [0.6, 0.5, 0.4], 0.55, 0.3)
+    (tmp_path / "cv").mkdir()
+    (tmp_path / "cv" / "cv_metrics.json").write_text(json.dumps(old))
+    for k in (1, 2):
+        _pretrained(tmp_path / "cv" / f"fold{k}", f"weights-{k}".encode())
+    rows = read_baseline(tmp_path / "cv")["folds"]
+    assert [r["pretrain_sha256"] for r in rows] == [pretrain_fingerprints(tmp_path / "cv" / f"fold{k}", 1)
+                                                    for k in (1, 2)] + [None]
+    assert rows[0]["pretrain_sha256"] != rows[1]["pretrain_sha256"]
 
 
 @pytest.mark.slow
@@ -185,6 +248,9 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
                           text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"against {base}: pooled macro-F1" in proc.stdout and "(+0.000); folds at or above: 2 of 2" in proc.stdout
+    # the copy kept its pretrained models: named by the first run's rows, found again in the copy
+    assert "same pretrained models in 2 of 2 folds" in proc.stdout
+    assert all(len(r["pretrain_sha256"]) == 1 for r in doc["folds"])
     cmp = json.loads((copy / "cv_metrics.json").read_text())["baseline"]
     assert [f["delta"] for f in cmp["folds"]] == [0.0, 0.0] and cmp["source"] == str(base)
     assert f"## Against the baseline `{base}`" in (copy / "report.md").read_text()

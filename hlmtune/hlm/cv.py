@@ -21,11 +21,16 @@ fold, so one command scores a setting. Reruns keep finished folds (``--force`` r
 With ``--seeds`` above 1 the report also pools each ensemble member over the folds (the seed
 spread a setting must beat), and ``--baseline DIR`` (an earlier ``hlmtune cv`` folder with the
 same folds) puts this run beside it: fold by fold, pooled, and how many folds are at or above.
+Each fold's row names its pretrained models by content (``pretrain_sha256``), and the comparison
+says in which folds the baseline's differ: the fine-tunes reproduce bit for bit, but a
+pretraining redone by code that sums in another order is another model (docs/hlm.md measured
+what that alone moves), so a lever is judged against a baseline on the same pretrained models.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import textwrap
@@ -36,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from hlmtune.hlm.pipeline import PRETRAIN_STEPS
+from hlmtune.hlm.pipeline import PRETRAIN_STEPS, pretrain_dirs
 
 CLASSES_BALANCED = ("S", "V")  # spread evenly over folds, rarest first: the classes the issue scores
 
@@ -160,6 +165,33 @@ def pooled_members(fold_metrics: Sequence[Dict[str, Any]], classes: Sequence[str
     return out
 
 
+def pretrain_fingerprints(fold_dir: Path, pretrainings: int) -> Optional[List[str]]:
+    """Name each pretrained model of a fold by its content: what its fine-tunes start from.
+
+    Args:
+        fold_dir (Path): one fold's job folder (``<cv>/fold<k>``).
+        pretrainings (int): the fold's pretrained models (``hlmtune cv --pretrainings``).
+
+    Returns:
+        Optional[List[str]]: per pretraining, the first 16 hex digits of a SHA-256 over the
+        names and bytes of its ``epoch_0`` files (the checkpoint the fine-tunes load); None when
+        a pretraining has no such files (not run, or the folder was not kept).
+    """
+    out = []
+    for run in pretrain_dirs(fold_dir, pretrainings):
+        files = sorted(f for f in (run / "epoch_0").glob("*") if f.is_file())
+        if not files:
+            return None
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.name.encode() + b"\0")
+            with f.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+        out.append(h.hexdigest()[:16])
+    return out
+
+
 def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) -> Dict[str, Any]:
     """This run's figures beside a baseline run's (both ``cv_metrics.json`` documents).
 
@@ -169,17 +201,20 @@ def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) 
         source (str): where the baseline came from (for the report).
 
     Returns:
-        Dict: ``folds`` (per fold: this, baseline, delta of macro-F1), ``folds_at_or_above``,
-        ``pooled`` (this, baseline, delta of macro-F1 and of each class's F1), and the members'
-        mean pooled macro-F1 of each run where both have members.
+        Dict: ``folds`` (per fold: this, baseline, delta of macro-F1, and ``same_pretraining``:
+        True / False when both rows name their pretrained models, else None),
+        ``folds_at_or_above``, ``pooled`` (this, baseline, delta of macro-F1 and of each class's
+        F1), and the members' mean pooled macro-F1 of each run where both have members.
 
     Raises:
         ValueError: the two runs hold out different records in some fold (not the same folds).
     """
     mine, theirs = doc["folds"], base["folds"]
     check_same_folds([a["held_out"] for a in mine], base, source)
+    same = lambda a, b: (None if a.get("pretrain_sha256") is None or b.get("pretrain_sha256") is None  # noqa: E731
+                         else a["pretrain_sha256"] == b["pretrain_sha256"])
     folds = [{"fold": a["fold"], "macro_f1": a["macro_f1"], "baseline": b["macro_f1"],
-              "delta": a["macro_f1"] - b["macro_f1"]} for a, b in zip(mine, theirs)]
+              "delta": a["macro_f1"] - b["macro_f1"], "same_pretraining": same(a, b)} for a, b in zip(mine, theirs)]
     classes = [c for c in doc["classes"] if c in base["pooled"]["per_class"]]
     f1 = lambda r, c: r["per_class"][c]["f1"]  # noqa: E731
     pooled = {"macro_f1": doc["pooled"]["macro_f1"], "baseline": base["pooled"]["macro_f1"],
@@ -224,6 +259,9 @@ def read_baseline(path: Path) -> Dict[str, Any]:
         raise ValueError(f"--baseline {f}: not JSON ({e})") from None
     if not isinstance(doc, dict) or not all(k in doc for k in ("folds", "pooled", "classes")):
         raise ValueError(f"--baseline {f}: not an `hlmtune cv` result (needs folds, pooled, classes)")
+    for row in doc["folds"]:  # written before rows named them: the folder's checkpoints still can
+        if isinstance(row, dict) and "fold" in row and row.get("pretrain_sha256") is None:
+            row["pretrain_sha256"] = pretrain_fingerprints(f.parent / f"fold{row['fold']}", doc.get("pretrainings", 1))
     return doc
 
 
@@ -246,8 +284,33 @@ def baseline_lines(cmp: Dict[str, Any]) -> List[str]:
         m = cmp["members_mean_macro_f1"]
         lines.append(f"| members' mean pooled macro-F1 | {m['this']:.3f} | {m['baseline']:.3f} | "
                      f"{d(m['this'] - m['baseline'])} |")
-    lines += ["", f"Folds at or above the baseline: {cmp['folds_at_or_above']} of {len(cmp['folds'])}.", ""]
+    lines += ["", f"Folds at or above the baseline: {cmp['folds_at_or_above']} of {len(cmp['folds'])}.", "",
+              pretraining_sentence(cmp), ""]
     return lines
+
+
+def pretraining_summary(cmp: Dict[str, Any]) -> str:
+    """One phrase for stdout: in how many folds the pretrained models are the baseline's."""
+    flags = [f.get("same_pretraining") for f in cmp["folds"]]
+    n_unknown = sum(v is None for v in flags)
+    return (f"same pretrained models in {sum(v is True for v in flags)} of {len(flags)} folds"
+            + (f" ({n_unknown} unknown)" if n_unknown else ""))
+
+
+def pretraining_sentence(cmp: Dict[str, Any]) -> str:
+    """Whether the baseline's folds started from the same pretrained models as this run's."""
+    flags = [f.get("same_pretraining") for f in cmp["folds"]]
+    differ = [str(f["fold"]) for f in cmp["folds"] if f.get("same_pretraining") is False]
+    unknown = [str(f["fold"]) for f in cmp["folds"] if f.get("same_pretraining") is None]
+    if differ:
+        return (f"**Pretrained models differ from the baseline's in fold(s) {', '.join(differ)}**: there the "
+                "differences above mix the setting with another pretraining (one redone by code that sums in "
+                "another order moved the shipped settings' pooled macro-F1 by 0.011: docs/hlm.md).")
+    if unknown:
+        return (f"Pretrained models: not known to be the baseline's in fold(s) {', '.join(unknown)} (a row "
+                "without `pretrain_sha256` and no checkpoint beside it).")
+    return (f"Pretrained models: the baseline's in all {len(flags)} folds (same checkpoint bytes), so the "
+            "differences above come from the fine-tunes.")
 
 
 def _check_overrides(overrides: Sequence[str]) -> None:
@@ -348,7 +411,7 @@ def run_cv(
         fold_metrics.append(metrics)
         r = headline(metrics)
         rows.append({"fold": k + 1, "held_out": held, "train": train, "n": r["n"], "macro_f1": r["macro_f1"],
-                     "per_class": r["per_class"]})
+                     "per_class": r["per_class"], "pretrain_sha256": pretrain_fingerprints(fold_dir, pretrainings)})
     unknown = sorted(set(calibrate_classes or ()) - set(classes))
     if unknown:
         raise ValueError(f"--calibrate-classes {' '.join(unknown)}: not among the run's classes {' '.join(classes)}")
@@ -507,7 +570,8 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
             cmp = doc["baseline"]
             print(f"against {cmp['source']}: pooled macro-F1 {cmp['pooled']['macro_f1']:.3f} vs "
                   f"{cmp['pooled']['baseline']:.3f} ({cmp['pooled']['delta']:+.3f}); folds at or above: "
-                  f"{cmp['folds_at_or_above']} of {len(cmp['folds'])}")
+                  f"{cmp['folds_at_or_above']} of {len(cmp['folds'])}; "
+                  f"{pretraining_summary(cmp)}")
         print(f"calibration: {report.parent / 'calibration.json'}")
         return report
 

@@ -208,6 +208,19 @@ def _train_cmd(nproc: int, recipe: str, config: str, overrides: Sequence[str], r
 MAX_WINDOW_OVERLAP = 4
 
 
+def pretrain_dirs(out: Path, pretrainings: int) -> List[Path]:
+    """The run folders of a job's pretrained models, seeds 0..P-1 (``runs/pretrain``, ``runs/pretrain_seed1``, ...).
+
+    Args:
+        out (Path): the job folder (``hlmtune demo --out``, or one fold of ``hlmtune cv``).
+        pretrainings (int): how many pretrained models the job has.
+
+    Returns:
+        List[Path]: one run folder per pretraining; the fine-tunes read ``<folder>/epoch_0``.
+    """
+    return [out / "runs" / ("pretrain" if p == 0 else f"pretrain_seed{p}") for p in range(pretrainings)]
+
+
 def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], nproc: int) -> Tuple[Optional[int], int]:
     """The pretraining window stride that lets one epoch hold ``steps`` optimizer steps.
 
@@ -412,7 +425,7 @@ def run_pipeline(
     size = [f"model._component_=hlmtune.hlm.model.{model}"]
 
     # 3. pretrain, 4. LoRA fine-tune
-    pres = [out / "runs" / ("pretrain" if p == 0 else f"pretrain_seed{p}") for p in range(pretrainings)]
+    pres = pretrain_dirs(out, pretrainings)
     # Fine-tune k starts from pretraining k mod P; the names of P = 1 stay as they were (reruns keep them).
     fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}" if k % pretrainings == 0
                            else f"lora_seed{k}_pre{k % pretrainings}") for k in range(seeds)]
