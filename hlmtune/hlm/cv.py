@@ -542,7 +542,9 @@ def register(subparsers: Any) -> None:
                         "N S V to leave a class seen in one or two patients at 0")
     p.add_argument("--baseline", type=Path, default=None, metavar="DIR",
                    help="an earlier `hlmtune cv --out` folder with the same folds: the report puts this run beside it "
-                        "(per fold, pooled, members' mean) and counts the folds at or above it")
+                        "(per fold, pooled, members' mean), counts the folds at or above it, and names the folds whose "
+                        "pretrained models differ from this run's (checkpoint bytes): judge a setting against a "
+                        "baseline on the same pretrained models")
     add_job_arguments(p, out="outputs/cv", each=" per fold")
     p.set_defaults(func=lambda args: _main(args, run_job))
 
