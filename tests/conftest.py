@@ -31,6 +31,19 @@ import pytest
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One oneDNN probe decision for the whole session, kept outside the user's ~/.cache.
+
+    Recipes keep the probe's first decision per host (``fastpath.probe_cache_path``); the
+    suite's runs, subprocesses included, share a fresh one, so every run of a session takes the
+    same GEMM library and nothing is written to the user's cache. A value set outside stands.
+    """
+    import tempfile
+
+    if not os.environ.get("HLM_CACHE_DIR"):
+        os.environ["HLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="hlmtune-test-cache-")
+
+
 def _data_root() -> Optional[Path]:
     root = os.environ.get("HLM_DATA")
     return Path(root) if root else None

@@ -74,6 +74,13 @@ def test_pretraining_two_ranks(shards, tmp_path):
             overrides=[*PRETRAIN, "max_steps_per_epoch=20"])
     assert _drop(losses(out)) > 0.5
     assert json.loads((out / "metrics" / "run.json").read_text())["world_size"] == 2
+    # the same run again gives the same bytes: `hlmtune cv --baseline` compares fine-tunes from
+    # pretrained models named by their checkpoint bytes, which a rerun must reproduce
+    again = tmp_path / "again"
+    run_hlm("full_finetune_distributed", "ecg_pretrain", again, shards=shards, nproc=2,
+            overrides=[*PRETRAIN, "max_steps_per_epoch=20"])
+    assert losses(again) == losses(out)
+    assert (again / "epoch_0" / "model.pt").read_bytes() == (out / "epoch_0" / "model.pt").read_bytes()
 
 
 def test_lora_learns_classes_and_eval_has_every_field(shards, lora_run, tmp_path):
@@ -109,6 +116,12 @@ def test_lora_two_ranks(shards, pretrained, tmp_path):
     run_hlm("lora_finetune_distributed", "ecg_lora", out, shards=shards, nproc=2,
             overrides=[*FINETUNE, f"pretrain_dir={pretrained}", "max_steps_per_epoch=15"])
     assert _drop(losses(out)) > 1.0
+    # reproduced bit for bit (the adapters of a rerun), as hlmtune cv's comparisons assume
+    again = tmp_path / "again"
+    run_hlm("lora_finetune_distributed", "ecg_lora", again, shards=shards, nproc=2,
+            overrides=[*FINETUNE, f"pretrain_dir={pretrained}", "max_steps_per_epoch=15"])
+    assert losses(again) == losses(out)
+    assert (again / "epoch_0" / "adapter_model.pt").read_bytes() == (out / "epoch_0" / "adapter_model.pt").read_bytes()
 
 
 @pytest.mark.parametrize("nproc", [None, 2])

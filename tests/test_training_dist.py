@@ -1,5 +1,5 @@
-"""Process-group helpers at world size 1 (multi-rank training runs in tests/test_recipes.py), and ranks
-that die with their launcher (a real 2-rank run, killed)."""
+"""Process-group helpers at world size 1 (multi-rank training runs in tests/test_recipes.py), rank 0's
+decision shared by two gloo ranks, and ranks that die with their launcher (a real 2-rank run, killed)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,22 @@ def test_plain_process_becomes_rank_zero_of_one(monkeypatch):
     retired = len(hd.RETIRED_GROUPS)
     hd.teardown_distributed()  # nothing to tear down: nothing kept
     assert len(hd.RETIRED_GROUPS) == retired
+
+
+def _say_rank(rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        Path(out, str(rank)).write_text(hd.rank_zero_value(f"decided by rank {rank}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_zero_value_is_rank_zeros_on_every_rank(tmp_path):
+    assert hd.rank_zero_value({"onednn": True}) == {"onednn": True}  # no process group: itself
+    torch.multiprocessing.spawn(_say_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    assert [(tmp_path / r).read_text() for r in ("0", "1")] == ["decided by rank 0"] * 2
 
 
 @pytest.mark.slow

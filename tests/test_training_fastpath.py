@@ -467,3 +467,67 @@ def test_complex_rope_refuses_an_unbuilt_cache_as_torchtune_does():
     r.is_cache_built = False
     with pytest.raises(RuntimeError, match="rope_init"):
         r(torch.zeros(1, 4, 2, 32))
+
+
+@needs_onednn
+def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
+    """The first decision on a host is written down and every later one reads it (a timing
+    taken under load must not flip a later run's GEMM library); the env var overrides both."""
+    import json
+
+    from hlmtune.training import fastpath
+
+    monkeypatch.setenv("HLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HLM_ONEDNN_LINEAR", raising=False)
+    assert fastpath.probe_cache_path() == tmp_path / "cache" / "onednn_linear.json"
+    probes = []
+
+    def probe(answer):
+        def run():
+            probes.append(answer)
+            return {"onednn": answer, "mkl_ms": 3.0, "onednn_ms": 2.0 if answer else 3.0}
+        return run
+
+    def ask():
+        fastpath.onednn_linear_pays.cache_clear()  # a new process
+        return fastpath.onednn_linear_pays()
+
+    try:
+        monkeypatch.setattr(fastpath, "_probe_onednn", probe(True))
+        assert ask() is True and probes == [True]
+        kept = json.loads(fastpath.probe_cache_path().read_text())
+        key = fastpath._probe_key()
+        assert kept[key]["onednn"] is True and kept[key]["mkl_ms"] == 3.0 and "measured" in kept[key]
+        assert f"{torch.get_num_threads()} threads" in key and f"torch {torch.__version__}" in key
+        # a later run whose timing would say no (a loaded host) takes the kept answer, unmeasured
+        monkeypatch.setattr(fastpath, "_probe_onednn", probe(False))
+        assert ask() is True and probes == [True]
+        # other threads: another key, measured and added beside the first
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
+        assert ask() is False and probes == [True, False]
+        assert len(json.loads(fastpath.probe_cache_path().read_text())) == 2
+        monkeypatch.undo()
+        monkeypatch.setenv("HLM_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.delenv("HLM_ONEDNN_LINEAR", raising=False)
+        monkeypatch.setattr(fastpath, "_probe_onednn", probe(False))
+        # forced by the environment: neither measured nor written
+        for forced, want in (("0", False), ("1", True)):
+            monkeypatch.setenv("HLM_ONEDNN_LINEAR", forced)
+            assert ask() is want
+        assert probes == [True, False]
+        monkeypatch.delenv("HLM_ONEDNN_LINEAR")
+        # an unreadable file is measured again and rewritten, not an error
+        fastpath.probe_cache_path().write_text("{not json")
+        assert ask() is False and probes == [True, False, False]
+        assert json.loads(fastpath.probe_cache_path().read_text())[fastpath._probe_key()]["onednn"] is False
+    finally:
+        fastpath.onednn_linear_pays.cache_clear()
+
+
+@needs_onednn
+def test_onednn_probe_measures_both_libraries():
+    from hlmtune.training import fastpath
+
+    found = fastpath._probe_onednn()
+    assert isinstance(found["onednn"], bool) and found["mkl_ms"] > 0 and found["onednn_ms"] > 0
+    assert found["onednn"] is (found["mkl_ms"] >= 1.15 * found["onednn_ms"])

@@ -195,6 +195,8 @@ def test_cpu_model_takes_blocked_attention_and_onednn_where_asked(dist_env, tiny
             routed = "forward" in k_proj.__dict__ and k_proj.forward.__func__ is fastpath._onednn_linear_forward
             assert routed is (onednn == "1" and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
             assert getattr(attn.q_proj, "_onednn_base", False) is routed  # the LoRA base product too
+            # the run says which library it multiplied with (run.json), decided before the model
+            assert r.run_info(r._cfg)["cpu_linear"] == ("onednn" if routed else "mkl")
             out = r.train_step(dict(next(iter(r._dataloader))))
             assert torch.isfinite(out["loss_sum"])
         finally:

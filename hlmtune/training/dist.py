@@ -11,7 +11,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import List, Sequence
+from typing import Any, List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -180,6 +180,22 @@ def all_gather_floats(values: Sequence[float], device: torch.device) -> List[Lis
     out = torch.empty(world * mine.numel(), dtype=torch.float64, device=device)  # (W*K,)
     dist.all_gather_into_tensor(out, mine)
     return out.view(world, -1).cpu().tolist()  # (W, K)
+
+
+def rank_zero_value(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank: one decision made once for the whole run.
+
+    Args:
+        value (Any): a picklable value (what rank 0 decided; other ranks pass anything, e.g. None).
+
+    Returns:
+        Any: rank 0's value; ``value`` itself without a process group or with one rank.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def broadcast_module_params(module: torch.nn.Module, *, only_trainable: bool = True) -> None:

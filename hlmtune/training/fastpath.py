@@ -45,7 +45,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
-from typing import Any, Iterator, Optional
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -227,17 +228,72 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return out.view(*lead, out.shape[-1])
 
 
+PROBE_TRIALS = 5  # best of 5 interleaved timings each: one preempted timing does not decide
+
+
+def probe_cache_path() -> Path:
+    """Where a host keeps its oneDNN probe's decisions (``$HLM_CACHE_DIR``, default ``~/.cache/hlmtune``)."""
+    import os
+
+    root = os.environ.get("HLM_CACHE_DIR", "").strip()
+    return (Path(root) if root else Path.home() / ".cache" / "hlmtune") / "onednn_linear.json"
+
+
+def _probe_key() -> str:
+    """What the decision depends on: the CPU model, torch (and its oneDNN), intra-op threads."""
+    name = "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        import platform
+
+        name = platform.processor() or name
+    return f"{name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def _probe_onednn() -> Dict[str, Any]:
+    """Time MKL's and oneDNN's fp32 GEMM on one layer-sized product (best of :data:`PROBE_TRIALS`)."""
+    import time
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 512, generator=g)
+    w = torch.randn(512, 512, generator=g)
+    try:
+        ref, got = F.linear(x, w), _mkldnn_linear(x, w, None)
+    except RuntimeError:  # a build whose oneDNN lacks the op for this CPU
+        return {"onednn": False, "why": "oneDNN's linear op fails on this CPU"}
+    if not torch.allclose(got, ref, rtol=1e-4, atol=1e-4):
+        return {"onednn": False, "why": "oneDNN's product disagrees beyond fp32 rounding"}
+    best = {"mkl": float("inf"), "onednn": float("inf")}
+    for _ in range(PROBE_TRIALS):
+        for name, fn in (("mkl", lambda: F.linear(x, w)), ("onednn", lambda: _mkldnn_linear(x, w, None))):
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {"onednn": best["mkl"] >= 1.15 * best["onednn"], "mkl_ms": best["mkl"] * 1e3,
+            "onednn_ms": best["onednn"] * 1e3}
+
+
 @functools.lru_cache(maxsize=1)
 def onednn_linear_pays() -> bool:
-    """Whether oneDNN's fp32 GEMM beats the default (MKL) one on this CPU, measured once.
+    """Whether oneDNN's fp32 GEMM beats the default (MKL) one on this CPU: measured once per host.
 
     MKL picks its kernels by CPU vendor: on this project's AMD EPYC hosts it runs fp32 GEMMs at
     96-104 GFLOP/s per core where oneDNN, which picks by instruction set, reaches 185-239
     (2026-11-26, (2048, 512) x (512, 1536), forward, input and weight gradients). On Intel
     CPUs both are fast and this is expected to say no. Timed on one layer-sized product,
-    best of three each, interleaved (about 50 ms); taken at 1.15x or more, and only if the two
-    results agree to fp32 rounding. ``HLM_ONEDNN_LINEAR=0`` turns it off, ``=1`` on without the probe.
+    best of :data:`PROBE_TRIALS` each, interleaved (about 80 ms); taken at 1.15x or more, and
+    only if the two results agree to fp32 rounding.
+
+    The two libraries sum in different orders, so the decision changes a run's last bits, and a
+    timing taken on a loaded host can flip it (seen 2026-11-27: two ranks of one run decided
+    differently, and a rerun did not reproduce its losses). So the first decision on a host is
+    kept in :func:`probe_cache_path`, keyed by :func:`_probe_key`, and reused by every later run
+    (delete the file to measure again); recipes ask on rank 0 only and share its answer.
+    ``HLM_ONEDNN_LINEAR=0`` turns it off, ``=1`` on, without the probe or the file.
     """
+    import json
     import os
 
     # oneDNN caches a primitive per GEMM shape (up to 1,024) and, measured on the 26M LoRA
@@ -253,24 +309,32 @@ def onednn_linear_pays() -> bool:
         return forced == "1" and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
-    import time
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 512, generator=g)
-    w = torch.randn(512, 512, generator=g)
+    path, key = probe_cache_path(), _probe_key()
     try:
-        ref, got = F.linear(x, w), _mkldnn_linear(x, w, None)
-    except RuntimeError:  # a build whose oneDNN lacks the op for this CPU
-        return False
-    if not torch.allclose(got, ref, rtol=1e-4, atol=1e-4):
-        return False
-    best = {"mkl": float("inf"), "onednn": float("inf")}
-    for _ in range(3):
-        for name, fn in (("mkl", lambda: F.linear(x, w)), ("onednn", lambda: _mkldnn_linear(x, w, None))):
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best["mkl"] >= 1.15 * best["onednn"]
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: measure (and write it anew)
+        kept = {}
+    if not isinstance(kept, dict):
+        kept = {}
+    if isinstance(kept.get(key), dict) and isinstance(kept[key].get("onednn"), bool):
+        return kept[key]["onednn"]
+    found = _probe_onednn()
+    kept[key] = {**found, "measured": time_stamp()}
+    try:
+        from hlmtune._io import atomic_write_text
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(kept, indent=1) + "\n")
+    except OSError:  # a read-only home: decided for this process only
+        pass
+    return found["onednn"]
+
+
+def time_stamp() -> str:
+    """Now, UTC, ISO 8601 (when a probe measured)."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _onednn_linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

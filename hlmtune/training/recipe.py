@@ -42,6 +42,7 @@ from hlmtune.training.dist import (
     all_gather_floats,
     broadcast_module_params,
     init_distributed,
+    rank_zero_value,
     teardown_distributed,
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
@@ -115,6 +116,14 @@ class RecipeBase:
         self._compile: bool = bool(cfg.get("compile", False))
         self._compile_mode: str = self.options.compile_mode  # resolved in setup_model (device, wrapper)
         self._cudagraphs: bool = False  # compiled with CUDA graphs: each step marks a new graph replay
+        # CPU, fp32, eager: the linear layers' GEMM library ("onednn" or "mkl"; None elsewhere).
+        # Decided once, by rank 0 (a timing probe kept per host: fastpath.onednn_linear_pays)
+        # and shared: the two sum in different orders, and ranks or reruns that chose apart
+        # did not reproduce each other's losses.
+        self._cpu_linear: Optional[str] = None
+        if self._device.type == "cpu" and self._dtype == torch.float32 and not self._compile:
+            pays = rank_zero_value(onednn_linear_pays() if self._is_rank_zero else None)
+            self._cpu_linear = "onednn" if pays else "mkl"
         self._ac_every_n: int = self.options.activation_checkpointing.every_n_layers
         self._enable_offload: bool = bool(cfg.get("enable_activation_offloading", False))
         if self._enable_offload and self._device.type != "cuda":
@@ -232,6 +241,7 @@ class RecipeBase:
             "batch_size": cfg.batch_size,
             "gradient_accumulation_steps": self._gradient_accumulation_steps,
             "data_parallel": self._data_parallel,
+            "cpu_linear": self._cpu_linear,
             "host": socket.gethostname(),
         }
 
@@ -352,7 +362,7 @@ class RecipeBase:
             use_complex_rope(model)  # RoPE as one complex multiply
             if self._device.type == "cpu":
                 use_blocked_causal_attention(model)  # CPU flash attention: skip the hidden half
-                if self._dtype == torch.float32 and onednn_linear_pays():
+                if self._cpu_linear == "onednn":
                     use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
         if frozen:
             model.requires_grad_(False)
