@@ -529,5 +529,6 @@ def test_onednn_probe_measures_both_libraries():
     from hlmtune.training import fastpath
 
     found = fastpath._probe_onednn()
-    assert isinstance(found["onednn"], bool) and found["mkl_ms"] > 0 and found["onednn_ms"] > 0
+    # a (1024, 512) x (512, 512) product: well under a second in either library, timed for real
+    assert isinstance(found["onednn"], bool) and 0 < found["mkl_ms"] < 1000 and 0 < found["onednn_ms"] < 1000
     assert found["onednn"] is (found["mkl_ms"] >= 1.15 * found["onednn_ms"])
