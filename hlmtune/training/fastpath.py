@@ -239,17 +239,21 @@ def probe_cache_path() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "hlmtune") / "onednn_linear.json"
 
 
-def _probe_key() -> str:
-    """What the decision depends on: the CPU model, torch (and its oneDNN), intra-op threads."""
-    name = "cpu"
+def cpu_model_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (``cpu`` where there is none): run.json, probe key."""
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
-        import platform
+        pass
+    return "cpu"
 
-        name = platform.processor() or name
-    return f"{name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+def _probe_key() -> str:
+    """What the decision depends on: the CPU model, torch (and its oneDNN), intra-op threads."""
+    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def _probe_onednn() -> Dict[str, Any]:
@@ -293,6 +297,7 @@ def onednn_linear_pays() -> bool:
     (delete the file to measure again); recipes ask on rank 0 only and share its answer.
     ``HLM_ONEDNN_LINEAR=0`` turns it off, ``=1`` on, without the probe or the file.
     """
+    import datetime
     import json
     import os
 
@@ -319,7 +324,7 @@ def onednn_linear_pays() -> bool:
     if isinstance(kept.get(key), dict) and isinstance(kept[key].get("onednn"), bool):
         return kept[key]["onednn"]
     found = _probe_onednn()
-    kept[key] = {**found, "measured": time_stamp()}
+    kept[key] = {**found, "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     try:
         from hlmtune._io import atomic_write_text
 
@@ -328,13 +333,6 @@ def onednn_linear_pays() -> bool:
     except OSError:  # a read-only home: decided for this process only
         pass
     return found["onednn"]
-
-
-def time_stamp() -> str:
-    """Now, UTC, ISO 8601 (when a probe measured)."""
-    import datetime
-
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _onednn_linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

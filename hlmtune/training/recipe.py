@@ -47,7 +47,7 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import (
-    gqa_pays, onednn_linear_pays, target_logits_applies, target_positions_only, use_addmm_lora,
+    cpu_model_name, gqa_pays, onednn_linear_pays, target_logits_applies, target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
 from hlmtune.training.errors import install_exit_hook
@@ -234,7 +234,7 @@ class RecipeBase:
             "world_size": self.world_size,
             "nodes": self._dist.nodes,
             "device": self._device.type,
-            "device_name": torch.cuda.get_device_name(self._device) if self._device.type == "cuda" else _cpu_name(),
+            "device_name": torch.cuda.get_device_name(self._device) if self._device.type == "cuda" else cpu_model_name(),
             "dtype": cfg.dtype,
             "pin_memory": self._pin_memory,
             "num_workers": self._num_workers,
@@ -814,17 +814,6 @@ class _Range(contextlib.ContextDecorator):
         self._rf.__exit__(*exc)
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
