@@ -116,6 +116,14 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert proc.stderr.count("finished before, kept") == 4 and "evaluation: finished before" not in proc.stderr
     m = json.loads((moved / "report" / "metrics.json").read_text())
     assert m["ensemble"] and all(str(moved.resolve()) in w for w in m["ensemble"])
+    # --pretrain-seed 1: the first pretraining is redone with seed 1, the same model the
+    # second pretraining above made (seed 1 on the same data), and its fine-tune is redone
+    proc = subprocess.run([HLMTUNE, "demo", "--out", str(moved), *QUICK, "--pretrain-seed", "1"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pretrain (seed 1): the run in" in proc.stderr and "fine-tune: finished before" not in proc.stderr
+    assert losses_of(moved / "runs" / "pretrain") == losses_of(moved / "runs" / "pretrain_seed1")
+    assert "| pretrain seed 1 |" in (moved / "report" / "report.md").read_text()
 
 
 def test_bad_flags_and_outputs_are_one_line(tmp_path):
@@ -124,7 +132,8 @@ def test_bad_flags_and_outputs_are_one_line(tmp_path):
     for args in (["--out", str(taken), *QUICK], ["--out", str(tmp_path / "d"), "--nproc", "0"],
                  ["--out", str(tmp_path / "d"), "--data", str(tmp_path)],
                  ["--out", str(tmp_path / "d"), *QUICK, "--seeds", "2", "--pretrainings", "3"],
-                 ["--out", str(tmp_path / "d"), "--pretrainings", "0"]):
+                 ["--out", str(tmp_path / "d"), "--pretrainings", "0"],
+                 ["--out", str(tmp_path / "d"), "--pretrain-seed", "-1"]):
         proc = subprocess.run([HLMTUNE, "demo", *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -336,6 +336,7 @@ def run_cv(
     pretrain_steps: int = PRETRAIN_STEPS, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
+    pretrain_seed: int = 0,
 ) -> Path:
     """Cross-validate the main job's model inside DS1; returns the report path.
 
@@ -350,6 +351,8 @@ def run_cv(
         model (str): ``hlm_1m``, ``hlm_10m`` or ``hlm_100m``.
         seeds (int): fine-tunes per fold, voting as an ensemble (as ``hlmtune demo --seeds``).
         pretrainings (int): pretrained models per fold (as ``hlmtune demo --pretrainings``).
+        pretrain_seed (int): the first pretraining's seed in every fold (as ``hlmtune demo
+            --pretrain-seed``): another set of pretrained models, to replicate a comparison.
         max_eval (Optional[int]): predict only the first N held-out beats of each fold (smoke runs).
         force (bool): redo finished stages.
         finetune_overrides (Sequence[str]): ``key=value`` overrides of every fold's fine-tune.
@@ -399,7 +402,8 @@ def run_cv(
         _say(f"fold {k + 1} of {folds}: holding out {' '.join(held)}")
         report = run_pipeline(out=fold_dir, data=str(_fold_db(db, fold_dir, train, held, synthetic)), nproc=nproc,
                               pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
-                              seeds=seeds, pretrainings=pretrainings, max_eval=max_eval, force=force, tokens_dir=tokens,
+                              seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval,
+                              force=force, tokens_dir=tokens,
                               finetune_overrides=finetune_overrides, job_root=out)
         pred = np.load(report.parent / "predictions.npz")
         classes = [str(c) for c in pred["classes"]]
@@ -428,7 +432,8 @@ def run_cv(
     fitted = _pooled([calibrate.apply_bias(lp, bias) for lp in fold_lp], fold_truth, classes)
     summary = {
         # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
-        "n_folds": folds, "seeds": seeds, "pretrainings": pretrainings, "finetune_examples": finetune_examples, "model": model,
+        "n_folds": folds, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
+        "finetune_examples": finetune_examples, "model": model,
         "finetune_overrides": list(finetune_overrides),
         "calibrate_classes": list(calibrate_classes) if calibrate_classes else list(classes),
         "cv_macro_f1_uncalibrated": pooled["macro_f1"],
@@ -460,6 +465,8 @@ def run_cv(
         f"# HLM cross-validation: `{model}`, {finetune_examples} fine-tuning examples per fold"
         + (f", {seeds} seeds per fold (ensemble)" if seeds > 1 else "")
         + (f" from {pretrainings} pretrainings" if pretrainings > 1 else "")
+        + (f", pretraining seed {pretrain_seed}" + (f"-{pretrain_seed + pretrainings - 1}" if pretrainings > 1 else "")
+           if pretrain_seed else "")
         + (f", overrides `{' '.join(finetune_overrides)}`" if finetune_overrides else ""),
         "",
         "## Folds",
@@ -558,7 +565,8 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
     def job() -> Path:
         report = run_cv(out=Path(args.out), data=args.data, source=args.source, folds=args.folds, nproc=args.nproc,
                         pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples,
-                        model=args.model, seeds=args.seeds, pretrainings=args.pretrainings, max_eval=args.max_eval, force=args.force,
+                        model=args.model, seeds=args.seeds, pretrainings=args.pretrainings, pretrain_seed=args.pretrain_seed,
+                        max_eval=args.max_eval, force=args.force,
                         finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
                         baseline=args.baseline)
         from hlmtune.hlm.evaluate import class_table

@@ -345,6 +345,7 @@ def run_pipeline(
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
     calibration: Optional[Path] = None, pretrainings: int = 1, job_root: Optional[Path] = None,
+    pretrain_seed: int = 0,
 ) -> Path:
     """Run every stage; returns the report path.
 
@@ -363,6 +364,10 @@ def run_pipeline(
         pretrainings (int): pretrained models, seeds 0..P-1 (``runs/pretrain``,
             ``runs/pretrain_seed1``, ...); fine-tune k starts from pretraining k mod P (its run
             is ``runs/lora_seed{k}_pre{k mod P}`` when that is not 0). 1 to ``seeds``.
+        pretrain_seed (int): the first pretraining's seed: pretraining p has seed
+            ``pretrain_seed + p`` (folders keep their index names). Another value gives another
+            set of pretrained models on the same data, to see whether a fine-tuning setting's
+            effect holds beyond one set; the fine-tunes' seeds stay 0..K-1.
         tokens_dir (Optional[Path]): where the tokens go (default ``out/tokens``; ``hlmtune cv``
             shares one folder between its folds).
         finetune_overrides (Sequence[str]): ``key=value`` overrides of the fine-tune(s).
@@ -388,6 +393,8 @@ def run_pipeline(
     if not 1 <= pretrainings <= seeds:
         raise ValueError(f"--pretrainings must be 1..--seeds ({seeds}): each pretrained model needs a fine-tune, "
                          f"got {pretrainings}")
+    if pretrain_seed < 0:
+        raise ValueError(f"--pretrain-seed must be >= 0, got {pretrain_seed}")
     out = ensure_dir(out, "--out").resolve()
     root = Path(job_root).resolve() if job_root is not None else out
     t_all = time.perf_counter()
@@ -442,13 +449,15 @@ def run_pipeline(
     pre_s: List[Optional[float]] = []  # wall time of each pretraining (recorded, for a kept one)
     pre_redone: List[bool] = []
     for p, run in enumerate(pres):
-        # Seed 0 keeps the config's own seed (model initialization and window order).
+        # Seed 0 keeps the config's own seed (model initialization and window order), so the
+        # command, and with it a kept run, is what it was before --pretrain-seed existed.
+        s = pretrain_seed + p
         took, ran = _train_stage(
-            "pretrain" + (f" (seed {p})" if p else ""), run, run / "epoch_0" / "model.pt", force, env,
+            "pretrain" + (f" (seed {s})" if s else ""), run, run / "epoch_0" / "model.pt", force, env,
             f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s){windows}"
-            + (f", seed {p} ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
+            + (f", seed {s}" if s else "") + (f" ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
             _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
-                       [*pre_over, *([f"seed={p}"] if p else [])], run),
+                       [*pre_over, *([f"seed={s}"] if s else [])], run),
             root=root,
         )
         pre_s.append(took)
@@ -503,7 +512,8 @@ def run_pipeline(
     timings["evaluate"] = time.perf_counter() - t0
 
     # 6. report
-    runs = {**{"pretrain" + (f" seed {p}" if p else ""): _steps(r) for p, r in enumerate(pres)},
+    runs = {**{"pretrain" + (f" seed {pretrain_seed + p}" if pretrain_seed + p else ""): _steps(r)
+               for p, r in enumerate(pres)},
             **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r) for k, r in enumerate(fts)}}
     plots = plot_training(runs, report)
     result = headline(metrics)
@@ -516,8 +526,8 @@ def run_pipeline(
         f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU)."
         + (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of "
            + ("the same pretrained model" if pretrainings == 1 else
-              f"{pretrainings} pretrained models (seeds 0-{pretrainings - 1}; fine-tune k from pretraining k mod "
-              f"{pretrainings})")
+              f"{pretrainings} pretrained models (seeds {pretrain_seed}-{pretrain_seed + pretrainings - 1}; "
+              f"fine-tune k from pretraining k mod {pretrainings})")
            + ", predicting the class of highest mean log-probability; each run's own figures are in "
            "`metrics.json`." if seeds > 1 else "")
         + (f" Decision: a per-class bias on the class log-probabilities fitted on DS1 out-of-fold predictions "
@@ -611,6 +621,10 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
                    help=f"pretrained models{each} with seeds 0..P-1 (1..--seeds); fine-tune k starts from pretraining "
                         "k mod P, so the ensemble's members differ in pretraining too (each adds a pretraining, "
                         "~6 min with MIT-BIH on 2 cores at 600 steps)")
+    p.add_argument("--pretrain-seed", type=int, default=0,
+                   help="seed of the first pretraining (pretraining p has seed S+p): another value gives another "
+                        "set of pretrained models on the same data, to check that a fine-tuning setting's effect is "
+                        "not one set's luck; fine-tune seeds stay 0..K-1")
     p.add_argument("--max-eval", type=int, default=None, help=f"evaluate only the first N test beats{each} (smoke runs)")
     p.add_argument("--force", action="store_true", help="redo finished stages")
 
@@ -630,6 +644,9 @@ def run_job(prog: str, args: argparse.Namespace, job: Any) -> int:
         if v < 1:
             print(f"hlmtune {prog}: {flag} must be >= 1, got {v}", file=sys.stderr)
             return 2
+    if args.pretrain_seed < 0:
+        print(f"hlmtune {prog}: --pretrain-seed must be >= 0, got {args.pretrain_seed}", file=sys.stderr)
+        return 2
     try:
         report = job()
     except (OutputPathError, FileNotFoundError, SplitError, ValueError) as e:
@@ -646,4 +663,5 @@ def _main(args: argparse.Namespace) -> int:
     return run_job("demo", args, lambda: run_pipeline(
         out=Path(args.out), data=args.data, source=args.source, nproc=args.nproc, pretrain_steps=args.pretrain_steps,
         finetune_examples=args.finetune_examples, max_eval=args.max_eval, model=args.model, force=args.force,
-        seeds=args.seeds, calibration=args.calibration, pretrainings=args.pretrainings))
+        seeds=args.seeds, calibration=args.calibration, pretrainings=args.pretrainings,
+        pretrain_seed=args.pretrain_seed))
