@@ -209,7 +209,9 @@ MAX_WINDOW_OVERLAP = 4
 
 
 def pretrain_dirs(out: Path, pretrainings: int) -> List[Path]:
-    """The run folders of a job's pretrained models, seeds 0..P-1 (``runs/pretrain``, ``runs/pretrain_seed1``, ...).
+    """The run folders of a job's pretrained models 0..P-1 (``runs/pretrain``, ``runs/pretrain_seed1``, ...).
+
+    Folder p holds the pretraining of seed ``--pretrain-seed`` + p (the names are indices).
 
     Args:
         out (Path): the job folder (``hlmtune demo --out``, or one fold of ``hlmtune cv``).
@@ -361,7 +363,7 @@ def run_pipeline(
         force (bool): redo finished stages.
         seeds (int): LoRA fine-tunes, seeds 0..K-1 (``runs/lora``, ``runs/lora_seed1``, ...),
             evaluated as one ensemble when K > 1.
-        pretrainings (int): pretrained models, seeds 0..P-1 (``runs/pretrain``,
+        pretrainings (int): pretrained models, seeds ``pretrain_seed`` + 0..P-1 (``runs/pretrain``,
             ``runs/pretrain_seed1``, ...); fine-tune k starts from pretraining k mod P (its run
             is ``runs/lora_seed{k}_pre{k mod P}`` when that is not 0). 1 to ``seeds``.
         pretrain_seed (int): the first pretraining's seed: pretraining p has seed
@@ -433,6 +435,9 @@ def run_pipeline(
 
     # 3. pretrain, 4. LoRA fine-tune
     pres = pretrain_dirs(out, pretrainings)
+    # Pretraining p's seed; 0 keeps the config's own seed (model initialization and window
+    # order), so that command, and with it a kept run, is what it was before --pretrain-seed.
+    pre_seeds = [pretrain_seed + p for p in range(pretrainings)]
     # Fine-tune k starts from pretraining k mod P; the names of P = 1 stay as they were (reruns keep them).
     fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}" if k % pretrainings == 0
                            else f"lora_seed{k}_pre{k % pretrainings}") for k in range(seeds)]
@@ -448,10 +453,7 @@ def run_pipeline(
         ", so that one epoch holds them)" if pre_steps == pretrain_steps else ")")
     pre_s: List[Optional[float]] = []  # wall time of each pretraining (recorded, for a kept one)
     pre_redone: List[bool] = []
-    for p, run in enumerate(pres):
-        # Seed 0 keeps the config's own seed (model initialization and window order), so the
-        # command, and with it a kept run, is what it was before --pretrain-seed existed.
-        s = pretrain_seed + p
+    for p, (run, s) in enumerate(zip(pres, pre_seeds)):
         took, ran = _train_stage(
             "pretrain" + (f" (seed {s})" if s else ""), run, run / "epoch_0" / "model.pt", force, env,
             f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s){windows}"
@@ -512,8 +514,7 @@ def run_pipeline(
     timings["evaluate"] = time.perf_counter() - t0
 
     # 6. report
-    runs = {**{"pretrain" + (f" seed {pretrain_seed + p}" if pretrain_seed + p else ""): _steps(r)
-               for p, r in enumerate(pres)},
+    runs = {**{"pretrain" + (f" seed {s}" if s else ""): _steps(r) for r, s in zip(pres, pre_seeds)},
             **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r) for k, r in enumerate(fts)}}
     plots = plot_training(runs, report)
     result = headline(metrics)
@@ -526,7 +527,7 @@ def run_pipeline(
         f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU)."
         + (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of "
            + ("the same pretrained model" if pretrainings == 1 else
-              f"{pretrainings} pretrained models (seeds {pretrain_seed}-{pretrain_seed + pretrainings - 1}; "
+              f"{pretrainings} pretrained models (seeds {pre_seeds[0]}-{pre_seeds[-1]}; "
               f"fine-tune k from pretraining k mod {pretrainings})")
            + ", predicting the class of highest mean log-probability; each run's own figures are in "
            "`metrics.json`." if seeds > 1 else "")
@@ -618,8 +619,8 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
                    help=f"LoRA fine-tunes{each} with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
                         "and an evaluation pass, ~5 min with MIT-BIH on 2 cores)")
     p.add_argument("--pretrainings", type=int, default=1,
-                   help=f"pretrained models{each} with seeds 0..P-1 (1..--seeds); fine-tune k starts from pretraining "
-                        "k mod P, so the ensemble's members differ in pretraining too (each adds a pretraining, "
+                   help=f"pretrained models{each} with seeds S..S+P-1 (S: --pretrain-seed; P: 1..--seeds); fine-tune k "
+                        "starts from pretraining k mod P, so the ensemble's members differ in pretraining too (each adds a pretraining, "
                         "~6 min with MIT-BIH on 2 cores at 600 steps)")
     p.add_argument("--pretrain-seed", type=int, default=0,
                    help="seed of the first pretraining (pretraining p has seed S+p): another value gives another "
@@ -638,15 +639,12 @@ def run_job(prog: str, args: argparse.Namespace, job: Any) -> int:
     from hlmtune._io import OutputPathError
     from hlmtune.hlm.splits import SplitError
 
-    for flag, v in (("--nproc", args.nproc), ("--pretrain-steps", args.pretrain_steps),
-                    ("--finetune-examples", args.finetune_examples), ("--seeds", args.seeds),
-                    ("--pretrainings", args.pretrainings)):
-        if v < 1:
-            print(f"hlmtune {prog}: {flag} must be >= 1, got {v}", file=sys.stderr)
+    for flag, v, least in (("--nproc", args.nproc, 1), ("--pretrain-steps", args.pretrain_steps, 1),
+                           ("--finetune-examples", args.finetune_examples, 1), ("--seeds", args.seeds, 1),
+                           ("--pretrainings", args.pretrainings, 1), ("--pretrain-seed", args.pretrain_seed, 0)):
+        if v < least:
+            print(f"hlmtune {prog}: {flag} must be >= {least}, got {v}", file=sys.stderr)
             return 2
-    if args.pretrain_seed < 0:
-        print(f"hlmtune {prog}: --pretrain-seed must be >= 0, got {args.pretrain_seed}", file=sys.stderr)
-        return 2
     try:
         report = job()
     except (OutputPathError, FileNotFoundError, SplitError, ValueError) as e:
