@@ -10,6 +10,10 @@ chosen on held-out DS1 records (docs/hlm.md "Model selection"). Training stays i
 30-minute budget (about 15 minutes idle, with 600 pretraining steps).
 
     HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--seeds K] [--pretrainings P] [--pretrain-steps N]
+
+The pretraining seed moves the result more than any setting tried (docs/hlm.md, "on a second
+set of pretrained models"): ``--pretrain-seed S`` measures another draw of the same recipe, to
+report the spread, never to choose among draws on DS2.
 """
 
 from __future__ import annotations
@@ -40,11 +44,16 @@ def main() -> int:
                     help="LoRA fine-tunes (seeds 0..K-1) evaluated as one ensemble (hlmtune demo --seeds); "
                          "3 was chosen on two held-out DS1 folds (docs/hlm.md)")
     ap.add_argument("--pretrainings", type=int, default=1,
-                    help="pretrained models (seeds 0..P-1, 1..--seeds); fine-tune k starts from pretraining k mod P "
+                    help="pretrained models (seeds S..S+P-1, 1..--seeds); fine-tune k starts from pretraining k mod P "
                          "(hlmtune demo --pretrainings); default 1: 3 did worse on held-out DS1 folds (docs/hlm.md)")
+    ap.add_argument("--pretrain-seed", type=int, default=0, metavar="S",
+                    help="seed of the first pretraining (default 0, the reported run; another seed is another draw "
+                         "of the same recipe: for the spread, not for choosing)")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")
     args = ap.parse_args()
+    if args.pretrain_seed < 0:
+        ap.error(f"--pretrain-seed must be >= 0, got {args.pretrain_seed}")
     if args.data is None and not (os.environ.get("HLM_DATA") and (Path(os.environ["HLM_DATA"]) / "mitdb").is_dir()):
         print("ecg_quality: needs MIT-BIH: set HLM_DATA (folder with mitdb/) or --data", file=sys.stderr)
         return 2
@@ -54,7 +63,7 @@ def main() -> int:
     t0 = time.perf_counter()
     report = run_pipeline(out=args.out, data=args.data, source="mitdb", nproc=args.nproc, model=args.model,
                           pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples, force=args.force,
-                          seeds=args.seeds, pretrainings=args.pretrainings)
+                          seeds=args.seeds, pretrainings=args.pretrainings, pretrain_seed=args.pretrain_seed)
     wall = time.perf_counter() - t0
     metrics = json.loads((report.parent / "metrics.json").read_text())
     timings = json.loads((report.parent / "timings.json").read_text())
@@ -64,7 +73,8 @@ def main() -> int:
     train_s = None if None in (timings["pretrain"], timings["finetune"]) else timings["pretrain"] + timings["finetune"]
     kept = int(timings.get("kept_runs") or 0)
     print(metrics["notice"])
-    print(f"model {args.model}, {args.nproc} CPU ranks, pretrain {args.pretrain_steps} steps, "
+    print(f"model {args.model}, {args.nproc} CPU ranks, pretrain {args.pretrain_steps} steps"
+          + (f" (seed {args.pretrain_seed})" if args.pretrain_seed else "") + ", "
           f"fine-tune {args.finetune_examples} examples"
           + (f" x {args.seeds} seeds (ensemble; each run's own figures in metrics.json)" if args.seeds > 1 else "")
           + (f" from {args.pretrainings} pretrainings" if args.pretrainings > 1 else "")
