@@ -154,3 +154,31 @@ def test_activation_checkpointing_auto_keys(tiny_cfg):
     with pytest.raises(ConfigError, match="both set: choose one"):
         validate_config(OmegaConf.merge(tiny_cfg, {"enable_activation_checkpointing": "auto", "ac_mode": "full"}),
                         "full_finetune_distributed", check_components=False)
+
+
+@pytest.mark.parametrize("config,recipe,needles", [
+    # A LoRA model and an SFT dataset under full-weight DPO: both named, before any run.
+    ("tiny_lora", "full_dpo_distributed", ["lora_llama3 is a LoRA builder", "needs preference pairs"]),
+    ("tiny_lora", "lora_dpo_distributed", ["needs preference pairs"]),
+    ("tiny_full", "lora_finetune_distributed", ["builds no LoRA adapters"]),
+    ("tiny_lora_dpo", "lora_finetune_distributed", ["returns preference pairs"]),
+    ("ecg_lora", "lora_dpo_distributed", ["ECGBeatClassificationDataset", "needs preference pairs"]),
+])
+def test_recipe_paired_with_the_wrong_model_or_data_is_refused(monkeypatch, tmp_path, config, recipe, needles):
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    cfg = load_config(str(config_path(config)), [])
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg, recipe)
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("config,recipe", [
+    ("tiny_lora", "lora_finetune_distributed"), ("tiny_full", "full_finetune_distributed"),
+    ("tiny_lora_dpo", "lora_dpo_distributed"), ("tiny_full_dpo", "full_dpo_distributed"),
+    ("tiny_qat_lora", "qat_lora_finetune_distributed"), ("tiny_qat", "qat_distributed"),
+    ("ecg_pretrain", "full_finetune_distributed"), ("ecg_dpo", "lora_dpo_distributed"),
+])
+def test_matching_pairs_pass_the_pairing_check(monkeypatch, tmp_path, config, recipe):
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    validate_config(load_config(str(config_path(config)), []), recipe)

@@ -295,9 +295,66 @@ def validate_config(
                 for i, item in enumerate(value):
                     if isinstance(item, Mapping) and "_component_" in item:
                         _check_component(item, f"{key}[{i}]", errors)
+        _check_pairing(spec, data, errors)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors), errors)
     return options
+
+
+def _builder_kind(comp: Any) -> tuple:
+    """(is a LoRA model builder, what a dataset builder returns) of a ``_component_`` path.
+
+    Read from the signature: torchtune's and the pack's LoRA builders take
+    ``lora_attn_modules``; a dataset builder's return annotation names its class
+    (``PreferenceDataset``, ``ValidatedPreferenceDataset``, ``SFTDataset`` ...). Unknown or
+    unannotated components give (None, ""): nothing is concluded from them.
+    """
+    try:
+        sig = inspect.signature(resolve_component(comp))
+    except (ConfigError, TypeError, ValueError):
+        return None, ""
+    ret = sig.return_annotation
+    ret = "" if ret is inspect.Signature.empty else (ret if isinstance(ret, str) else str(ret))
+    return "lora_attn_modules" in sig.parameters, ret
+
+
+def _check_pairing(spec: RecipeSpec, data: Mapping[str, Any], errors: List[str]) -> None:
+    """A recipe paired with the wrong kind of model or data fails here, not at step 1.
+
+    The kind comes from the torchtune recipe the spec mirrors: ``*lora*`` recipes train only
+    adapters (a model without them has nothing to train; a LoRA model under a full-weight
+    recipe cannot load a base checkpoint, whose keys lack the adapters), and ``*dpo*`` recipes
+    read preference pairs (an SFT dataset has no chosen/rejected columns, and the reverse).
+    """
+    adapters = "lora" in spec.mirrors
+    preference = "dpo" in spec.mirrors
+    model = data.get("model")
+    if isinstance(model, Mapping) and isinstance(model.get("_component_"), str):
+        is_lora, _ = _builder_kind(model["_component_"])
+        comp = model["_component_"]
+        if is_lora is False and adapters:
+            errors.append(f"model._component_: {comp} builds no LoRA adapters, and {spec.name} trains only adapters "
+                          f"(use a lora_* / qlora_* builder, or a full-weight recipe)")
+        elif is_lora and not adapters:
+            errors.append(f"model._component_: {comp} is a LoRA builder, and {spec.name} trains every weight from a "
+                          f"checkpoint without adapter keys (use the base builder, or a LoRA recipe)")
+    sets = data.get("dataset")
+    sets = sets if isinstance(sets, list) else [sets]
+    for i, ds in enumerate(sets):
+        if not (isinstance(ds, Mapping) and isinstance(ds.get("_component_"), str)):
+            continue
+        _, ret = _builder_kind(ds["_component_"])
+        if not ret:
+            continue
+        where = "dataset" if len(sets) == 1 else f"dataset[{i}]"
+        is_pref = "Preference" in ret
+        if preference and not is_pref:
+            errors.append(f"{where}._component_: {ds['_component_']} returns {ret}, and {spec.name} needs preference "
+                          "pairs (chosen / rejected): use a preference builder, e.g. "
+                          "hlmtune.data_builders.hh_rlhf_dataset or ecg_beat_dpo_dataset")
+        elif is_pref and not preference:
+            errors.append(f"{where}._component_: {ds['_component_']} returns preference pairs ({ret}), which "
+                          f"{spec.name} does not read: use a DPO recipe (lora_dpo_distributed, full_dpo_distributed)")
 
 
 def config_warnings(cfg: DictConfig | Mapping[str, Any], recipe: Union[str, RecipeSpec]) -> List[str]:
