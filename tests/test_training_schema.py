@@ -182,3 +182,18 @@ def test_recipe_paired_with_the_wrong_model_or_data_is_refused(monkeypatch, tmp_
 def test_matching_pairs_pass_the_pairing_check(monkeypatch, tmp_path, config, recipe):
     monkeypatch.setenv("HLM_DATA", str(tmp_path))
     validate_config(load_config(str(config_path(config)), []), recipe)
+
+
+def test_sequences_longer_than_the_model_context_are_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    path = str(config_path("ecg_pretrain"))
+    with pytest.raises(ConfigError) as e:  # the builder's default context (hlm_1m: 1024) when the config gives none
+        validate_config(load_config(path, ["dataset.max_seq_len=2048", "~model.max_seq_len"]), "full_finetune_distributed")
+    assert "dataset.max_seq_len: 2048 is longer than the model's context (model.max_seq_len = 1024, the default" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        validate_config(load_config(path, ["tokenizer.max_seq_len=1025"]), "full_finetune_distributed")
+    assert "tokenizer.max_seq_len: 1025" in str(e.value)
+    # Equal lengths, or a longer model context, pass.
+    validate_config(load_config(path, ["dataset.max_seq_len=1024"]), "full_finetune_distributed")
+    validate_config(load_config(path, ["dataset.max_seq_len=2048", "model.max_seq_len=2048", "tokenizer.max_seq_len=2048"]),
+                    "full_finetune_distributed")

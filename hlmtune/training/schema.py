@@ -296,9 +296,40 @@ def validate_config(
                     if isinstance(item, Mapping) and "_component_" in item:
                         _check_component(item, f"{key}[{i}]", errors)
         _check_pairing(spec, data, errors)
+        _check_lengths(data, errors)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors), errors)
     return options
+
+
+def _model_context(model: Mapping[str, Any]) -> Any:
+    """The model's longest sequence: its ``max_seq_len`` key, else its builder's default, else None."""
+    if model.get("max_seq_len") is not None:
+        return model["max_seq_len"]
+    try:
+        p = inspect.signature(resolve_component(model["_component_"])).parameters.get("max_seq_len")
+    except (ConfigError, TypeError, ValueError, KeyError):
+        return None
+    return None if p is None or p.default is p.empty else p.default
+
+
+def _check_lengths(data: Mapping[str, Any], errors: List[str]) -> None:
+    """Sequences longer than the model's context (its RoPE cache) fail at step 1 in torchtune's
+    attention; name the two keys here instead. Only lengths the config states are compared."""
+    model = data.get("model")
+    if not (isinstance(model, Mapping) and isinstance(model.get("_component_"), str)):
+        return
+    ctx = _model_context(model)
+    if not isinstance(ctx, int):
+        return
+    sets = data.get("dataset")
+    where_sets = [("dataset", sets)] if not isinstance(sets, list) else [(f"dataset[{i}]", d) for i, d in enumerate(sets)]
+    for where, node in [("tokenizer", data.get("tokenizer")), *where_sets]:
+        n = node.get("max_seq_len") if isinstance(node, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > ctx:
+            errors.append(f"{where}.max_seq_len: {n} is longer than the model's context (model.max_seq_len = {ctx}"
+                          f"{'' if model.get('max_seq_len') is not None else ', the default of ' + model['_component_']})"
+                          f": lower it, or raise model.max_seq_len")
 
 
 def _builder_kind(comp: Any) -> tuple:
