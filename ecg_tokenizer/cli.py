@@ -8,18 +8,35 @@ failed (or the download failed), 2 bad arguments or no input.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
 from pathlib import Path
 
 _EPILOG_TOKENIZE = """\
 examples:
-  hlmtune tokenize --records $HLM_DATA/mitdb --scheme samples --window 128 --out tokens/mitdb
+  hlmtune tokenize --records $HLM_DATA/mitdb --scheme samples --beat-samples 128 --out tokens/mitdb
   hlmtune tokenize --records $HLM_DATA/mitdb --scheme annotation --rr-bins 16 --out tokens/beats
   hlmtune synth-ecg --out synth && hlmtune tokenize --records synth --scheme samples --out tokens/synth
 
 Output: OUT/manifest.json plus OUT/records/<record>.{tokens.npy,beats.npy,json}. A rerun
 with the same parameters skips finished records. Exit status 1 lists failed records."""
+
+# TokenizerParams field -> the ``hlmtune tokenize`` flag that sets it, so that the
+# parameters' ValueErrors (worded for Python callers) name what the user typed.
+_PARAM_FLAGS = {
+    "scheme": "--scheme", "window": "--beat-samples", "target_rate": "--target-rate", "label_mode": "--label-mode",
+    "quantization": "--quantization", "levels": "--levels", "amplitude_mv": "--amplitude-mv", "mu": "--mu",
+    "rr_bins": "--rr-bins", "rr_min_s": "--rr-min", "rr_max_s": "--rr-max",
+}
+_PARAM_NAME = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PARAM_FLAGS, key=len, reverse=True)) + r")(?![\w-])")
+
+# Lowest ``synth-ecg --fs``: wfdb's gqrs detector (``tokenize --no-annotations`` /
+# ``--detector-check``) fails below ~57 Hz (its QRS step 0.07 s / 4 must be >= 1 sample),
+# and at 60 Hz a QRS (~0.1 s) still spans 6 samples; the tokenizer then resamples to
+# ``--target-rate`` (default 128 Hz). 0 or negative rates crash wfdb.
+SYNTH_MIN_FS = 60
 
 
 class _Defaults(argparse.HelpFormatter):
@@ -106,11 +123,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=_Defaults,
     )
     p.add_argument("--out", required=True, metavar="DIR", help="destination directory")
-    p.add_argument("--n-records", type=int, default=4, metavar="N", help="records to write (every other one has an AF episode)")
-    p.add_argument("--duration", type=float, default=120.0, metavar="S", help="length of each record in seconds")
-    p.add_argument("--fs", type=int, default=360, metavar="HZ", help="sampling rate")
+    p.add_argument("--n-records", type=int, default=4, metavar="N", help="records to write (>= 1; every other one has an AF episode)")
+    p.add_argument("--duration", type=float, default=120.0, metavar="S", help="length of each record in seconds (>= 5)")
+    p.add_argument("--fs", type=int, default=360, metavar="HZ", help=f"sampling rate (>= {SYNTH_MIN_FS})")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
     p.set_defaults(func=cmd_synth)
+
+
+def _flag_names(message: str) -> str:
+    """Rewrite TokenizerParams field names in an error message as ``hlmtune tokenize`` flags.
+
+    Args:
+        message (str): e.g. ``"window must be 128..1024 samples, got 64"``.
+
+    Returns:
+        str: e.g. ``"--beat-samples must be 128..1024 samples, got 64"``.
+    """
+    return _PARAM_NAME.sub(lambda m: _PARAM_FLAGS[m.group(1)], message)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -127,11 +156,14 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
     try:
-        params = TokenizerParams(
-            scheme=args.scheme, window=args.window, target_rate=args.target_rate, label_mode=args.label_mode,
-            quantization=args.quantization, levels=args.levels, amplitude_mv=args.amplitude_mv, mu=args.mu,
-            rr_bins=args.rr_bins, rr_min_s=args.rr_min, rr_max_s=args.rr_max,
-        )
+        try:
+            params = TokenizerParams(
+                scheme=args.scheme, window=args.window, target_rate=args.target_rate, label_mode=args.label_mode,
+                quantization=args.quantization, levels=args.levels, amplitude_mv=args.amplitude_mv, mu=args.mu,
+                rr_bins=args.rr_bins, rr_min_s=args.rr_min, rr_max_s=args.rr_max,
+            )
+        except ValueError as e:
+            raise ValueError(_flag_names(str(e))) from None
         options = RecordOptions(
             lead=args.lead, lead_fallback=args.lead_fallback, use_annotations=not args.no_annotations,
             annotation_ext=args.annotation_ext, on_missing_annotations=args.on_missing_annotations,
@@ -194,14 +226,19 @@ def cmd_synth(args: argparse.Namespace) -> int:
         args (argparse.Namespace): parsed arguments.
 
     Returns:
-        int: 0.
+        int: 0 written, 2 bad arguments (out-of-range flag, --out not a directory).
     """
     from hlmtune._io import OutputPathError, ensure_dir
     from hlmtune.ecg_tokenizer.synth import write_synthetic_database
 
-    if args.n_records < 1 or args.duration < 5:
-        print("hlmtune synth-ecg: error: need --n-records >= 1 and --duration >= 5", file=sys.stderr)
-        return 2
+    for flag, ok, allowed, value in (
+        ("--n-records", args.n_records >= 1, "an integer >= 1", args.n_records),
+        ("--duration", args.duration >= 5 and math.isfinite(args.duration), "a finite number >= 5 (seconds)", args.duration),
+        ("--fs", args.fs >= SYNTH_MIN_FS, f"an integer >= {SYNTH_MIN_FS} (Hz)", args.fs),
+    ):
+        if not ok:
+            print(f"hlmtune synth-ecg: error: {flag} must be {allowed}, got {value}", file=sys.stderr)
+            return 2
     try:
         ensure_dir(args.out, "--out")
     except OutputPathError as e:

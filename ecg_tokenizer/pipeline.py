@@ -109,7 +109,11 @@ class RunSummary:
         if totals.get("label_counts"):
             lines.append("labels: " + ", ".join(f"{k} {v}" for k, v in totals["label_counts"].items()))
         if totals.get("rhythm_counts"):
-            lines.append("rhythms (beats): " + ", ".join(f"{k} {v}" for k, v in totals["rhythm_counts"].items()))
+            # MIT-BIH rhythm names are aux notes such as "(AFIB" (the "(" opens an episode):
+            # printed without it; the manifest keeps the WFDB names.
+            lines.append("rhythms (beats): " + ", ".join(
+                f"{'unknown' if k == '(unknown)' else k[1:] if k.startswith('(') else k} {v}"
+                for k, v in totals["rhythm_counts"].items()))
         det = totals.get("detector")
         if det:
             lines.append(

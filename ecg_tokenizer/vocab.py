@@ -83,8 +83,10 @@ class TokenizerParams:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if not 2 <= int(self.levels) <= 65536:
             raise ValueError(f"levels must be 2..65536, got {self.levels}")
-        if not (self.target_rate > 0 and self.amplitude_mv > 0 and self.mu > 0):
-            raise ValueError("target_rate, amplitude_mv and mu must be positive")
+        for name in ("target_rate", "amplitude_mv", "mu"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
         if not 0 <= int(self.rr_bins) <= 256:
             raise ValueError(f"rr_bins must be 0..256, got {self.rr_bins}")
         if not 0 <= self.rr_min_s < self.rr_max_s:

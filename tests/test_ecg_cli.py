@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -76,6 +77,13 @@ def test_synth_then_tokenize_and_resume(tmp_path, capsys):
     assert "tokenized 2 records, skipped 0 already done, failed 0" in out
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert m["params"]["window"] == 256 and m["totals"]["records"] == 2
+    # Record s000 has an AF episode: the summary names rhythms without MIT-BIH's "(",
+    # the manifest keeps the WFDB aux_note strings.
+    counts = m["totals"]["rhythm_counts"]
+    assert set(counts) == {"(N", "(AFIB"}, counts
+    line = next(ln for ln in out.splitlines() if ln.startswith("rhythms (beats): "))
+    assert line == "rhythms (beats): " + ", ".join(f"{k[1:]} {v}" for k, v in counts.items()), line
+    assert "(" not in line.split(": ", 1)[1], line
     assert main(args) == 0 and "tokenized 0 records, skipped 2 already done" in capsys.readouterr().out
 
 
@@ -99,7 +107,73 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert main(["tokenize", "--records", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "records directory" in capsys.readouterr().err
     assert main(["tokenize", "--records", str(tmp_path), "--out", str(tmp_path / "o"), "--window", "64"]) == 2
-    assert "window must be 128..1024" in capsys.readouterr().err
+    assert "--beat-samples must be 128..1024" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--beat-samples", "5000"], "--beat-samples must be 128..1024 samples, got 5000"),
+    (["--window", "64"], "--beat-samples must be 128..1024 samples, got 64"),
+    (["--target-rate", "-5"], "--target-rate must be a finite number > 0, got -5.0"),
+    (["--target-rate", "inf"], "--target-rate must be a finite number > 0, got inf"),
+    (["--amplitude-mv", "0"], "--amplitude-mv must be a finite number > 0, got 0.0"),
+    (["--mu", "-1"], "--mu must be a finite number > 0, got -1.0"),
+    (["--levels", "1"], "--levels must be 2..65536, got 1"),
+    (["--rr-bins", "300"], "--rr-bins must be 0..256, got 300"),
+    (["--rr-min", "3"], "need 0 <= --rr-min < --rr-max, got 3.0, 2.0"),
+])
+def test_tokenize_bad_number_names_the_flag_exit_2(tmp_path, capsys, argv, message):
+    rc = main(["tokenize", "--records", str(tmp_path), "--out", str(tmp_path / "o"), "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == f"hlmtune tokenize: error: {message}\n", err
+    assert not (tmp_path / "o").exists()
+
+
+def test_tokenize_flag_names_cover_every_parameter():
+    from hlmtune.ecg_tokenizer import cli
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+
+    assert set(cli._PARAM_FLAGS) == {f.name for f in dataclasses.fields(TokenizerParams)}
+    flags = {o for a in _help("tokenize")._actions for o in a.option_strings}
+    assert set(cli._PARAM_FLAGS.values()) <= flags
+    # Python callers still get the parameter's own name.
+    with pytest.raises(ValueError, match=r"^target_rate must be a finite number > 0, got -5$"):
+        TokenizerParams(target_rate=-5)
+
+def test_summary_prints_rhythm_names_without_the_annotation_paren(tmp_path):
+    from hlmtune.ecg_tokenizer.pipeline import RunSummary
+
+    s = RunSummary(out_dir=tmp_path, manifest={"totals": {"rhythm_counts": {"(N": 5, "(AFIB": 2, "(unknown)": 1}}})
+    assert "rhythms (beats): N 5, AFIB 2, unknown 1" in s.format().splitlines()
+
+
+def test_tokenize_help_examples_use_beat_samples():
+    epilog = _help("tokenize").epilog
+    assert "--scheme samples --beat-samples 128 --out" in epilog
+    assert "--window" not in epilog
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fs", "0"], "--fs must be an integer >= 60 (Hz), got 0"),
+    (["--fs", "-360"], "--fs must be an integer >= 60 (Hz), got -360"),
+    (["--fs", "59"], "--fs must be an integer >= 60 (Hz), got 59"),
+    (["--n-records", "0"], "--n-records must be an integer >= 1, got 0"),
+    (["--duration", "4"], "--duration must be a finite number >= 5 (seconds), got 4.0"),
+    (["--duration", "inf"], "--duration must be a finite number >= 5 (seconds), got inf"),
+])
+def test_synth_out_of_range_flag_is_one_line_exit_2(tmp_path, capsys, argv, message):
+    assert main(["synth-ecg", "--out", str(tmp_path / "d"), *argv]) == 2
+    assert capsys.readouterr().err == f"hlmtune synth-ecg: error: {message}\n"
+    assert not (tmp_path / "d").exists()
+
+
+def test_synth_lowest_fs_tokenizes_with_detector(tmp_path, capsys):
+    from hlmtune.ecg_tokenizer.cli import SYNTH_MIN_FS
+
+    db = tmp_path / "db"
+    assert main(["synth-ecg", "--out", str(db), "--n-records", "1", "--duration", "10", "--fs", str(SYNTH_MIN_FS)]) == 0
+    assert main(["tokenize", "--records", str(db), "--out", str(tmp_path / "o"), "--detector-check",
+                 "--workers", "1", "--no-progress"]) == 0
+    assert "detector vs annotations" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("below", [False, True], ids=["out-is-file", "out-under-file"])
