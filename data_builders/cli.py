@@ -157,7 +157,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the --tokenizer config, repeatable (e.g. --set model_dir=/models/llama3)")
     p.add_argument("--special-tokens-path", default=None, help="special tokens tokenizer.json for a tokenizer.model path")
-    p.add_argument("--max-seq-len", type=int, default=None, help="length above which a row counts as truncated (default: the tokenizer's)")
+    # default=SUPPRESS: the formatter would append "(default: None)" to the real default below.
+    p.add_argument("--max-seq-len", type=int, default=argparse.SUPPRESS,
+                   help="length above which a row counts as truncated (default: the tokenizer's max_seq_len)")
     p.add_argument("--split", default="train", help="split to load")
     p.add_argument("--subset-size", type=int, default=None, help="report on this many rows per dataset (seeded subset; the paper used 500)")
     p.add_argument("--subset-seed", type=int, default=0, help="seed of the subset")
@@ -195,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             datasets=specs,
             tokenizer=tokenizer,
             special_tokens_path=args.special_tokens_path,
-            max_seq_len=args.max_seq_len,
+            max_seq_len=getattr(args, "max_seq_len", None),  # absent when not given
             subset_size=args.subset_size,
             subset_seed=args.subset_seed,
             on_bad_row=args.on_bad_row,
@@ -205,11 +207,16 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:  # the tokenizer itself
         print(f"hlmtune data-report: error: {e}", file=sys.stderr)
         return 2
-    failed = [{"dataset": str(f["dataset"]), "error": _error_line(f["error"])} for f in failures]
+    failed = [
+        {"dataset": str(f["dataset"]), "error": _error_line(f["error"], str(f["dataset"]), args.subset_size)}
+        for f in failures
+    ]
     table = format_report(rows, args.format)
     if failed and args.format == "markdown":
         # The table holds only the datasets that finished: say so in it, not only on stderr.
-        table += "\nIncomplete: " + "; ".join(f"{f['dataset']} failed ({f['error']})" for f in failed) + "\n"
+        # No dataset finished: the failures replace the table (no empty header).
+        table = (table + "\n" if rows else "") + "Incomplete: " + "; ".join(
+            f"{f['dataset']} failed ({f['error']})" for f in failed) + "\n"
     if args.output:
         atomic_write_text(args.output, table)
     else:
@@ -221,11 +228,33 @@ def run(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
-def _error_line(e: BaseException) -> str:
-    """The message of a dataset's error, with the hint a command-line user can act on."""
-    if getattr(e, "skippable", False):  # BadRowError: name the flag, not the config key
-        return f"{e.problem} (rerun with --on-bad-row skip to skip and count bad rows)"
-    return str(e)
+def _error_line(e: BaseException, dataset: str, subset_size: Optional[int] = None) -> str:
+    """The message of a dataset's error, with the hint a command-line user can act on.
+
+    Args:
+        e (BaseException): the dataset's error.
+        dataset (str): the dataset name, printed before the message by the caller: a leading
+            ``"<dataset>: "`` of the message (builders add it) is dropped so it shows once.
+        subset_size (Optional[int]): ``--subset-size``: rows are then checked in a seeded
+            random order, so the bad row named need not be the file's first; the message says so.
+
+    Returns:
+        str: one line.
+    """
+    skippable = getattr(e, "skippable", False)
+    message = e.problem if skippable else str(e)  # BadRowError: name the flag, not the config key
+    if message.startswith(f"{dataset}: "):
+        message = message[len(dataset) + 2:]
+    if skippable and subset_size is not None:
+        # Row and line number the whole file, not the subset (a 1946 with --subset-size 5 is right).
+        message += (
+            " ('row' counts all rows of the file from 0, 'line' is the file's 1-based line; "
+            f"--subset-size {subset_size} checks rows in a seeded random order, so this need not be "
+            "the file's first bad row)"
+        )
+    if skippable:
+        message += " (rerun with --on-bad-row skip to skip and count bad rows)"
+    return message
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -269,7 +269,7 @@ def _read_json_rows(path: str) -> Iterator[Tuple[int, Optional[int], Any, Option
         try:
             yield row, lineno, json.loads(line), None
         except json.JSONDecodeError as e:
-            yield row, lineno, None, f"not valid JSON ({e.msg} at column {e.colno})"
+            yield row, lineno, None, f"not valid JSON ({e.msg}: column {e.colno})"
 
 
 def _load_json_by_lines(

@@ -17,15 +17,17 @@ Statistics: total, mean, median (``statistics.median``), p90 (nearest rank: the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import importlib
 import io
 import json
+import logging
 import math
 import os
 import statistics
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from hlmtune._io import atomic_write_text
 from hlmtune.data_builders.preference import TEMPLATE_NAMES as _PREF_TEMPLATES
@@ -226,6 +228,36 @@ def token_count_report(
     return report
 
 
+@contextlib.contextmanager
+def _quiet_datasets(progress: bool) -> Iterator[None]:
+    """Silence the ``datasets`` library's log records (and, without ``progress``, its bars).
+
+    On a bad local file ``datasets`` logs ``ERROR:... Failed to load JSON ...`` before the
+    loader falls back to a line-by-line read that names the bad row; the report gives that one
+    line itself, so the library's records are dropped while a dataset loads. Restored on exit.
+
+    Args:
+        progress (bool): keep the ``datasets`` progress bars ("Generating train split").
+    """
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    bars = None
+    if not progress:
+        from datasets.utils import logging as ds_logging
+
+        bars = ds_logging.is_progress_bar_enabled()
+        ds_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            from datasets.utils import logging as ds_logging
+
+            ds_logging.enable_progress_bar()
+
+
 def _dataset_rows(
     spec: Dict[str, Any], full: Any, limit: Optional[int], subset_size: Optional[int], subset_seed: int,
     on_bad_row: Optional[str], progress: bool,
@@ -244,7 +276,8 @@ def _dataset_rows(
         kwargs.setdefault("on_bad_row", on_bad_row)
     kwargs["train_on_input"] = False  # the mask must separate prompt from target
     kwargs["packed"] = False
-    ds = builder(full, **kwargs)
+    with _quiet_datasets(progress):
+        ds = builder(full, **kwargs)
     is_pref = isinstance(ds, PreferenceDataset)
     template = spec.get("template") or TEMPLATES.get(name, "custom")
     sides = ("chosen", "rejected") if is_pref else ("",)

@@ -60,6 +60,11 @@ def test_help_lists_every_flag(capsys: pytest.CaptureFixture) -> None:
     for flag in ("--dataset", "--tokenizer", "--special-tokens-path", "--max-seq-len", "--split", "--subset-size",
                  "--subset-seed", "--on-bad-row", "--format", "--output", "--json", "--no-progress"):
         assert flag in out
+    # The default of --max-seq-len is stated once (not "... the tokenizer's) (default: None)").
+    words = " ".join(out.split())
+    max_seq_len_help = words.split("--max-seq-len MAX_SEQ_LEN ", 1)[1].split(" --split", 1)[0]
+    assert max_seq_len_help.count("default:") == 1 and "the tokenizer's max_seq_len" in max_seq_len_help
+    assert "(default: None)" not in max_seq_len_help
 
 
 def test_end_to_end(text_data_dir: Path, tmp_path: Path, tiny_tok, capsys: pytest.CaptureFixture) -> None:
@@ -188,3 +193,38 @@ def test_tokenizer_from_a_pack_config(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(base + ["--tokenizer", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "tokenizer.path needs 'model_dir'" in err and "--set model_dir=" in err
+
+
+def test_wrong_schema_names_dataset_once_and_the_file_row(tmp_path: Path, tiny_tok, capsys: pytest.CaptureFixture) -> None:
+    """A grammar file given as samsum with --subset-size: one prefix, the file's row, no empty table."""
+    import numpy as np
+
+    from hlmtune.cli import main
+
+    wrong = _write_jsonl(tmp_path / "wrong.jsonl", [{"input": f"a {i}", "output": f"b {i}"} for i in range(30)])
+    argv = ["data-report", "--tokenizer", tiny_tok["path"], "--special-tokens-path", tiny_tok["special_tokens_path"],
+            "--dataset", f"samsum={wrong}", "--subset-size", "5", "--no-progress"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.count("samsum: ") == 1 and err.startswith(f"hlmtune data-report: error: samsum: {wrong} row ")
+    first = int(np.random.default_rng(0).permutation(30)[0])  # the subset's first visited row, bad like all
+    assert f"{wrong} row {first} (0-based), line {first + 1}: field 'dialogue' is missing" in err
+    assert "'line' is the file's 1-based line" in err and "--subset-size 5 checks rows in a seeded random order" in err
+    assert out.startswith("Incomplete: samsum failed (") and "| dataset |" not in out and "|---" not in out
+    assert out.count("samsum") == 1
+
+
+def test_bad_json_file_one_error_line(tmp_path: Path, tiny_tok) -> None:
+    """Run as a user does: only our error line on stderr (no datasets/pyarrow ERROR: records)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "dialogue": "A: hi", "summary": "x"}\n{"id": "2", "dialogue": "A: hi}\n')
+    argv = [sys.executable, "-m", "hlmtune.data_builders.cli", "--tokenizer", tiny_tok["path"],
+            "--special-tokens-path", tiny_tok["special_tokens_path"], "--dataset", f"samsum={bad}", "--no-progress"]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert "ERROR:" not in res.stderr + res.stdout and "Failed to load JSON" not in res.stderr + res.stdout
+    assert res.stderr.strip().splitlines() == [
+        f"hlmtune data-report: error: samsum: {bad} row 1 (0-based), line 2: not valid JSON "
+        "(Unterminated string starting at: column 25) (rerun with --on-bad-row skip to skip and count bad rows)"
+    ]
+    assert "at at" not in res.stderr and res.stdout.startswith("Incomplete: samsum failed (")
