@@ -172,6 +172,14 @@ def split_run_args(argv: List[str]):
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
+
+    def error(message: str) -> None:  # argparse would print torchrun's whole usage page and exit
+        # No recipe: torchrun's parser then meets --config among its own options, or no script.
+        if "--config" in message or "training_script" in message:
+            raise ValueError(f"name the recipe before --config: {_RUN_USAGE} (recipes: `hlmtune ls`)")
+        raise ValueError(f"{message} (usage: {_RUN_USAGE}; torchrun options: `torchrun --help`)")
+
+    parser.error = error  # type: ignore[method-assign]
     ns = parser.parse_args(argv)
     recipe = ns.training_script
     rest = list(ns.training_script_args)
@@ -186,6 +194,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def run_cli(argv: List[str]) -> int:
     """``hlmtune run`` with its raw arguments."""
     if not argv or argv[0] in ("-h", "--help"):
+        if not argv:  # a bare `hlmtune run` is a mistake, not a request for help
+            print(_run_help(), file=sys.stderr)
+            return 2
         print(_run_help())
         return 0
     debug = "--debug" in argv[: argv.index("--config") if "--config" in argv else len(argv)]
@@ -288,7 +299,11 @@ def _check_process_counts(ns: argparse.Namespace) -> None:
             try:
                 n = int(part)
             except ValueError:
-                continue  # auto / cpu / gpu / xpu
+                if flag == "--nproc_per_node" and part in ("auto", "cpu", "gpu", "xpu"):
+                    continue  # torchrun counts the devices itself
+                raise ValueError(f"{flag} {value}: not a count" + (
+                    " (an integer, or auto / cpu / gpu / xpu)" if flag == "--nproc_per_node" else
+                    " (an integer, or MIN:MAX)")) from None
             if n < 1:
                 raise ValueError(f"{flag} {value}: needs at least 1 (e.g. {flag} 2)")
 
@@ -377,11 +392,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         env = env_problems(cfg)
         if env:
             raise PreLaunchError(env)
-        validate_config(cfg, resolved.spec)
+        # Every problem in one pass: key / component problems, then (with --check-paths) paths.
+        problems: List[str] = []
+        try:
+            validate_config(cfg, resolved.spec)
+        except ConfigError as e:
+            problems += e.problems
         if args.check_paths:
-            problems = preflight(cfg)
-            if problems:
-                raise PreLaunchError(problems)
+            problems += [p for p in preflight(cfg) if p not in problems]
+        if problems:
+            raise PreLaunchError(problems)
         n_params, unbuilt = None, None
         if not args.no_model:
             try:

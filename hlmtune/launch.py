@@ -60,7 +60,15 @@ def check_before_launch(cfg_path: Path, overrides: List[str], recipe: "ResolvedR
 
     cfg = load_config(str(cfg_path), overrides)
     problems = preflight(cfg)
-    if problems:  # keys and components are checked once the paths exist (a resolvable config)
+    if problems:
+        # Every problem in one pass: keys and components too, unless the config cannot be
+        # resolved (an unset variable, already named by preflight).
+        if recipe.spec is not None:
+            try:
+                validate_config(cfg, recipe.spec)
+            except ConfigError as e:
+                if not str(e).startswith("cannot resolve"):  # keys first, as `hlmtune validate` lists them
+                    problems = e.problems + [p for p in problems if p not in e.problems]
         raise PreLaunchError(problems)
     if recipe.spec is None:
         if recipe.path is not None and not _is_torchtune_builtin(recipe.path):

@@ -168,3 +168,44 @@ def test_scaling_demo_into_a_file_is_one_line_exit_2(tmp_path, capsys):
     assert main(["scaling-demo", "--out", str(taken), "--data", str(data)]) == 2
     err = capsys.readouterr().err
     assert f"--out {taken}: is a file, not a directory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_names_a_bad_count_a_missing_recipe_and_a_bare_call(capsys, monkeypatch, tmp_path):
+    """One `hlmtune run:` line each, exit 2, no torchrun usage page and nothing launched."""
+    import os
+
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    monkeypatch.setattr(os, "execv", lambda *a: (_ for _ in ()).throw(AssertionError(f"launched {a}")))
+    cases = [
+        (["--nproc_per_node", "two", "lora_finetune_distributed", "--config", "tiny_lora"],
+         "--nproc_per_node two: not a count (an integer, or auto / cpu / gpu / xpu)"),
+        (["--nnodes", "x", "lora_finetune_distributed", "--config", "tiny_lora"], "--nnodes x: not a count"),
+        (["--config", "tiny_lora"], "name the recipe before --config"),
+        (["--nproc_per_node", "2", "--config", "tiny_lora"], "name the recipe before --config"),
+        (["--bogus", "lora_finetune_distributed", "--config", "tiny_lora"], "unrecognized arguments: --bogus"),
+    ]
+    for argv, needle in cases:
+        assert main(["run", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("hlmtune run: ") and needle in err, err
+    assert main(["run"]) == 2  # bare: the help, on stderr, as an error
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: hlmtune run")
+    assert main(["run", "--help"]) == 0 and capsys.readouterr().out.startswith("usage: hlmtune run")
+
+
+def test_validate_and_run_list_key_and_path_problems_in_one_pass(capsys, monkeypatch, tmp_path):
+    """A typo and a missing folder together: both named, keys first, by validate --check-paths and run."""
+    import os
+
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    monkeypatch.setattr(os, "execv", lambda *a: (_ for _ in ()).throw(AssertionError(f"launched {a}")))
+    missing = tmp_path / "no_model"
+    args = ["--config", "tiny_lora", f"model_dir={missing}", "batch_sise=2"]
+    assert main(["validate", "--check-paths", *args]) == 2
+    v = capsys.readouterr().err.splitlines()
+    assert main(["run", "lora_finetune_distributed", *args]) == 2
+    r = capsys.readouterr().err.splitlines()
+    for lines in (v, r):
+        assert "did you mean 'batch_size'" in lines[0], lines
+        assert any(f"key 'model_dir': {missing}: does not exist" in ln for ln in lines[1:]), lines
