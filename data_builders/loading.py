@@ -17,6 +17,7 @@ error still names the line, and so ``on_bad_row="skip"`` can drop just that line
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import glob
 import itertools
@@ -272,6 +273,20 @@ def _read_json_rows(path: str) -> Iterator[Tuple[int, Optional[int], Any, Option
             yield row, lineno, None, f"not valid JSON ({e.msg}: column {e.colno})"
 
 
+@contextlib.contextmanager
+def _json_reader_quiet() -> Iterator[None]:
+    """Mute the ``datasets`` JSON reader's own ``ERROR: Failed to load JSON`` record while a local
+    file loads: a file it cannot read is diagnosed row by row below (file, row, line), so its
+    record only repeats the problem, once per rank, in pyarrow's words."""
+    logger = logging.getLogger("datasets.packaged_modules.json.json")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _load_json_by_lines(
     path: str, *, check: RowCheck, on_bad_row: str, original_error: BaseException
 ) -> Tuple[Any, List[int], List[str], int]:
@@ -362,7 +377,8 @@ def load_split(
     pre_skipped, total = 0, 0
     for path in files:
         try:
-            part = datasets.load_dataset(source, data_files=path, split=split, **load_dataset_kwargs)
+            with _json_reader_quiet():
+                part = datasets.load_dataset(source, data_files=path, split=split, **load_dataset_kwargs)
             original = None
         except Exception as e:  # noqa: BLE001 - any reader failure gets a row-level diagnosis
             if source != "json":

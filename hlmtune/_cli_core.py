@@ -228,7 +228,7 @@ def _run_help() -> str:
         non-zero when any rank failed.
 
         hlmtune options (before the recipe):
-          --debug   print the traceback of an error found before launch
+          --debug   print the traceback of an error found before launch, and of a dataset error in a rank
 
         examples:
           hlmtune run lora_finetune_distributed --config llama3_8b_lora_alpaca
@@ -341,6 +341,8 @@ def run_command(argv: List[str], debug: bool = False) -> int:
     sys.stdout.flush()
     # The ranks torchrun starts die with it; this pid survives the exec (hlmtune/_proc.py).
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    if debug:  # the recipe keeps the traceback of a data error (hlmtune/training/recipe.py)
+        os.environ["HLM_DEBUG"] = "1"
     if torchrun:
         return launch_torchrun(cmd[3:])  # cmd = [python, -m, torch.distributed.run, ...]
     os.execv(cmd[0], cmd)

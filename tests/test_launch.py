@@ -101,3 +101,24 @@ def test_failed_rank_is_reported_by_its_error_line(hlmtune_cli, copied, text_dat
                 f"data_dir={text_data_dir}", cwd=copied, env_set={"TMPDIR": str(tmp)})
     assert proc.returncode == 0 and proc.stdout.count("fine") == 2, proc.stderr
     assert _torchelastic_files(tmp) == trees  # a run that left no file leaves no folder (torchrun: one per run)
+
+
+def test_bad_data_row_is_one_line_from_the_rank(hlmtune_cli, copied, text_data_dir):
+    """A truncated JSONL row: the builder's message (file, row, line) as one line per run, exit 2,
+    under torchrun too; --debug keeps the traceback."""
+    bad = copied / "bad_text"
+    bad.mkdir()
+    rows = (Path(text_data_dir) / "alpaca_cleaned.jsonl").read_text().splitlines()[:8]
+    rows[3] = rows[3][: len(rows[3]) // 2]  # cut mid-row: not valid JSON
+    (bad / "alpaca_cleaned.jsonl").write_text("\n".join(rows) + "\n")
+    for launch in ([], ["--nproc_per_node", "2"]):
+        proc = _run(hlmtune_cli, "run", *launch, "./my_lora.py", "--config", "my.yaml", f"data_dir={bad}",
+                    "max_steps_per_epoch=1", cwd=copied)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert "Failed to load JSON" not in proc.stderr, proc.stderr[-3000:]  # the reader's own record, muted
+        errors = [ln for ln in proc.stderr.splitlines() if "error: dataset:" in ln]
+        assert errors and "alpaca_cleaned.jsonl" in errors[0] and "line 4" in errors[0], proc.stderr[-3000:]
+    debug = _run(hlmtune_cli, "run", "--debug", "./my_lora.py", "--config", "my.yaml", f"data_dir={bad}",
+                 "max_steps_per_epoch=1", cwd=copied)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr

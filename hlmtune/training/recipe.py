@@ -50,7 +50,7 @@ from hlmtune.training.fastpath import (
     cpu_model_name, gqa_pays, onednn_linear_pays, target_logits_applies, target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
-from hlmtune.training.errors import install_exit_hook
+from hlmtune.training.errors import RunError, install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
 from hlmtune.profiling.memory import PeakMemory
 from hlmtune.training.schema import config_warnings, resolve_component, validate_config
@@ -455,12 +455,20 @@ class RecipeBase:
         Returns:
             StatefulDataLoader: resumable mid-epoch.
         """
-        if isinstance(cfg.dataset, ListConfig):
-            ds = ConcatDataset([config.instantiate(c, self._tokenizer) for c in cfg.dataset])
-            packed = any(c.get("packed", False) for c in cfg.dataset)
-        else:
-            ds = config.instantiate(cfg.dataset, self._tokenizer)
-            packed = cfg.dataset.get("packed", False)
+        try:
+            if isinstance(cfg.dataset, ListConfig):
+                ds = ConcatDataset([config.instantiate(c, self._tokenizer) for c in cfg.dataset])
+                packed = any(c.get("packed", False) for c in cfg.dataset)
+            else:
+                ds = config.instantiate(cfg.dataset, self._tokenizer)
+                packed = cfg.dataset.get("packed", False)
+        except (ValueError, FileNotFoundError) as e:
+            # The builders' ValueErrors name the file, row or key the user fixes (a bad JSONL row,
+            # token shards without the split's records, old shards): one line, not a chained
+            # traceback per rank. `hlmtune run --debug` (HLM_DEBUG=1) keeps the traceback.
+            if os.environ.get("HLM_DEBUG") == "1":
+                raise
+            raise RunError(f"dataset: {e}") from None
         if self._split == "contiguous":
             block = len(ds) // self.world_size  # equal blocks so every rank steps the same number of times
             ds = Subset(ds, range(self.rank * block, (self.rank + 1) * block))
