@@ -1,10 +1,14 @@
 """`hlmtune sweep` through the real command line (in process): the shipped example grids pass
 --dry-run, bad input is one line with exit status 2 before anything is written, `hlmtune cp`
-copies the templates and grids."""
+copies the templates and grids, shipped grids run by name and every documented example is real."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -121,3 +125,100 @@ def test_user_templates_override_the_packs(capsys, tmp_path):
     rc, out, err = _run(capsys, "sweep", str(_tiny(tmp_path, templates="tpl")), "--dry-run")
     assert rc == 0, err
     assert "# site-specific: t" in out
+
+
+def _snapshot(d: Path) -> dict:
+    return {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+
+
+def test_shipped_grid_by_name_dry_runs_and_writes_under_cwd(capsys, tmp_path, monkeypatch):
+    """A shipped grid by name (no file of that path here) dry-runs, then writes ``./runs/<name>``, never the package."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HLM_DATA", str(tmp_path / "data"))
+    before = _snapshot(GRIDS)
+    rc, out, err = _run(capsys, "sweep", "tiny_cpu_sweep", "--dry-run")
+    assert rc == 0, err
+    m = _manifest(out)
+    assert m["name"] == "tiny_cpu" and len(m["tasks"]) == 4 and m["grid"] == str(GRIDS / "tiny_cpu_sweep.yaml")
+    assert not (tmp_path / "runs").exists()
+    rc, out, err = _run(capsys, "sweep", "tiny_cpu_sweep.yaml")  # the header's spelling; writes the sweep
+    assert rc == 0, err
+    assert (tmp_path / "runs" / "tiny_cpu" / "manifest.json").exists() and f"-> {tmp_path / 'runs' / 'tiny_cpu'}" in out
+    assert _snapshot(GRIDS) == before and not (GRIDS / "runs").exists(), "nothing written into the installed package"
+
+
+@pytest.mark.parametrize("name, closest", [("tiny", "tiny_cpu_sweep.yaml"), ("tiny.yaml", "tiny_cpu_sweep.yaml"),
+                                           ("ecg_paper.yaml", "ecg_paper_sweep.yaml"), ("llm_papr_sweep", "llm_paper_sweep.yaml")])
+def test_unknown_grid_name_exit_2_names_closest(capsys, tmp_path, monkeypatch, name, closest):
+    """Neither a file nor a shipped grid: one line, exit 2, the closest shipped grid and how to list them."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _run(capsys, "sweep", name, "--dry-run")
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"did you mean '{closest}'?" in err and "`hlmtune ls`" in err
+    assert not (tmp_path / "runs").exists()
+    rc, out, _ = _run(capsys, "ls")  # the command the message names lists the shipped grids
+    assert rc == 0 and closest in out
+
+
+def test_local_file_wins_over_shipped_grid(capsys, tmp_path, monkeypatch):
+    """A file at the given path is used even when a shipped grid has the same name."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HLM_DATA", str(tmp_path / "data"))  # the shipped grid would dry-run too: only the name tells
+    write_grid(tmp_path / "tiny_cpu_sweep.yaml", {"name": "mine", "config": "tiny_lora", "set": {"model_dir": "/m", "data_dir": "/d"},
+                                                  "node": {"gpus": 0, "cpus": 2}, "axes": {"lr": {"key": "optimizer.lr", "values": [0.001]}}})
+    rc, out, err = _run(capsys, "sweep", "tiny_cpu_sweep.yaml", "--dry-run")
+    assert rc == 0, err
+    m = _manifest(out)
+    assert m["name"] == "mine" and len(m["tasks"]) == 1 and Path(m["grid"]).resolve() == tmp_path / "tiny_cpu_sweep.yaml"
+
+
+def _sweep_parser() -> argparse.ArgumentParser:
+    from hlmtune.sweep.cli import register
+
+    sub = argparse.ArgumentParser(prog="hlmtune").add_subparsers()
+    register(sub)
+    return sub.choices["sweep"]
+
+
+def _examples():
+    """(where, command line) of every ``hlmtune ...`` / ``python -c`` example: the sweep help, then each grid header."""
+    help_text = _sweep_parser().format_help()
+    yield "hlmtune sweep --help", [ln.strip() for ln in help_text.split("examples:", 1)[1].splitlines()]
+    for g in sorted(GRIDS.glob("*.yaml")):
+        header = []
+        for ln in g.read_text().splitlines():
+            if not ln.startswith("#"):
+                break
+            header.append(ln.lstrip("#").strip())
+        yield g.name, header
+
+
+def test_help_and_grid_header_examples_are_real():
+    """Every grid, config, flag and sweep directory the examples name exists; grids by name resolve to shipped grids."""
+    from hlmtune.sweep.files import pack_file, pack_grids
+
+    flags = {o for a in _sweep_parser()._actions for o in a.option_strings}
+    names = {__import__("yaml").safe_load(p.read_text())["name"] for p in GRIDS.glob("*.yaml")}
+    checked = 0
+    for where, lines in _examples():
+        copied = set()
+        for line in lines:
+            m = re.match(r'python -c "from ([\w.]+) import (\w+);', line)
+            if m:
+                assert hasattr(importlib.import_module(m.group(1)), m.group(2)), f"{where}: {line}"
+            for cmd in line.split("&&"):
+                argv = shlex.split(cmd, comments=True)
+                if argv[:2] == ["hlmtune", "cp"]:
+                    assert pack_file(argv[2]) is not None, f"{where}: {cmd}: no pack file {argv[2]}"
+                    copied.add(argv[3])
+                elif argv[:2] == ["hlmtune", "sweep"]:
+                    checked += 1
+                    if argv[2] == "status":
+                        assert Path(argv[3]).parent.name == "runs" and Path(argv[3]).name in names, f"{where}: {cmd}"
+                        continue
+                    grid = pack_file(argv[2])
+                    assert argv[2] in copied or (grid is not None and grid.name in pack_grids()), (
+                        f"{where}: {cmd}: {argv[2]} is neither copied above nor a shipped grid")
+                    unknown = [a for a in argv[3:] if a.startswith("-") and a not in flags]
+                    assert not unknown, f"{where}: {cmd}: unknown flags {unknown}"
+    assert checked >= 12

@@ -6,5 +6,6 @@ array task runs one ``hlmtune run`` into ``runs/<sweep>/<task>-<name>/``. See do
 
 Modules: ``grid`` (schema and expansion, no torch), ``prepare`` (config per task, validation,
 manifest), ``render`` (templates), ``slurm`` (sbatch / squeue / sacct), ``local`` (run without
-SLURM), ``status``, ``files`` (pack templates and example grids for ``hlmtune cp``), ``cli``.
+SLURM), ``status``, ``files`` (pack templates and example grids for ``hlmtune cp``; grids by name for
+``hlmtune sweep NAME``), ``cli``.
 """

@@ -27,22 +27,25 @@ def register(subparsers: Any) -> None:
         usage=_USAGE,
         description=(
             "Expand GRID.yaml (base config + axes + zip lists + per-value overrides; docs/sweep.md) into "
-            "runs/<name>/: manifest.json, one validated config.yaml per task, and plain sbatch scripts (one job "
+            "runs/<name>/ under the current directory: manifest.json, one validated config.yaml per task, and plain sbatch scripts (one job "
             "array per resource group, plus collect.sbatch). Without a mode flag the sweep directory is written "
             "and the sbatch commands to submit it by hand are printed. Every config is validated and every "
-            "task checked against the node's size before anything is written or submitted."
+            "task checked against the node's size before anything is written or submitted. GRID.yaml is a file, "
+            "or the name of a grid shipped with the pack (`hlmtune ls` lists them; a file of that name wins)."
         ),
         epilog=(
             "examples:\n"
+            "  hlmtune sweep ecg_paper_sweep --dry-run     # a shipped grid by name: manifest + scripts\n"
             "  hlmtune cp ecg_paper_sweep.yaml my_sweep.yaml && hlmtune sweep my_sweep.yaml --dry-run\n"
             "  hlmtune sweep my_sweep.yaml --submit --max-concurrent 4\n"
             "  hlmtune sweep status runs/ecg_paper\n"
-            "  hlmtune sweep my_sweep.yaml --resume          # resubmit only tasks without a complete run\n"
-            "  hlmtune sweep tiny.yaml --local                # no SLURM: one task after another here"
+            "  hlmtune sweep my_sweep.yaml --resume         # resubmit only tasks without a complete run\n"
+            "  hlmtune sweep tiny_cpu_sweep.yaml --local   # no SLURM: one task after another here\n"
+            "                                              # (needs the tiny model and $HLM_DATA: see the grid's header)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("grid", metavar="GRID.yaml", help="the grid file (or `status` followed by a sweep directory)")
+    p.add_argument("grid", metavar="GRID.yaml", help="the grid file or a shipped grid's name (`hlmtune ls`), or `status` followed by a sweep directory")
     p.add_argument("sweep_dir", nargs="?", metavar="SWEEP_DIR", help=argparse.SUPPRESS)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the manifest and the scripts; write and submit nothing")
@@ -106,13 +109,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from hlmtune.sweep.files import resolve_grid
     from hlmtune.sweep.grid import expand, load_grid
     from hlmtune.sweep.prepare import SweepError, build_plan, check_reuse, sweep_dir_for, write_plan
     from hlmtune.sweep.render import render_plan
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise SweepError(f"--max-concurrent {args.max_concurrent}: needs at least 1")
-    grid = load_grid(args.grid)
+    grid = load_grid(resolve_grid(args.grid))
     if args.container:
         grid.container = {**(grid.container or {"runtime": "auto", "binds": [], "options": []}), "image": args.container}
     tasks = expand(grid)
