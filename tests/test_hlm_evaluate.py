@@ -211,3 +211,74 @@ def test_a_copied_run_folder_reads_its_own_paths(tmp_path):
     cfg = load_run_config(str(alone), [])
     assert cfg.output_dir == str(alone) and cfg.shards_dir == str(job / "tokens")
     assert relocation(str(run), tmp_path / "other") is None  # no shared last component: nothing to map
+
+
+def _eval_cli(capsys, *argv):
+    """``hlmtune eval ARGV`` in process; returns (exit code, stderr)."""
+    from hlmtune.cli import main
+
+    rc = main(["eval", *map(str, argv)])
+    return rc, capsys.readouterr().err
+
+
+def _text_run(folder):
+    """A run folder of a tiny text LLM LoRA run (its saved config only: nothing is trained)."""
+    import yaml
+
+    folder.mkdir(parents=True)
+    (folder / "epoch_0").mkdir()
+    saved = {
+        "output_dir": str(folder),
+        "tokenizer": {"_component_": "torchtune.models.llama3.llama3_tokenizer", "path": str(folder / "no.model")},
+        "model": {"_component_": "torchtune.models.llama3.lora_llama3", "lora_attn_modules": ["q_proj"]},
+        "dataset": {"_component_": "hlmtune.data_builders.alpaca_cleaned_dataset", "source": "json",
+                    "data_files": str(folder / "alpaca_cleaned.jsonl"), "split": "train"},
+    }
+    (folder / "torchtune_config.yaml").write_text(yaml.safe_dump(saved))
+    return folder
+
+
+def test_flags_documented_with_another_flag_are_refused_without_it(tmp_path, capsys):
+    """``--ptq-run`` ("with --quantized") alone is an argument error, before any config is read
+    (the config named here does not exist); so are the flags that do not combine."""
+    missing = tmp_path / "no_such_run"
+    rc, err = _eval_cli(capsys, "--config", missing, "--ptq-run", tmp_path / "ptq")
+    assert rc == 2 and err.strip() == (
+        "hlmtune eval: --ptq-run needs --quantized (its run is quantized after training and evaluated beside "
+        "the QAT export)")
+    rc, err = _eval_cli(capsys, "--config", missing, "--quantized", "--calibration", tmp_path / "c.json")
+    assert rc == 2 and err.strip() == (
+        "hlmtune eval: --calibration and --quantized do not combine: calibrate the float run")
+    rc, err = _eval_cli(capsys, "--config", missing, "--quantized", "--ensemble", tmp_path / "b")
+    assert rc == 2 and "--ensemble and --quantized do not combine" in err and err.count("\n") == 1
+    with pytest.raises(ValueError, match="--ptq-run needs --quantized"):  # the Python API refuses it too
+        ev.evaluate(None, ptq_run=tmp_path / "ptq")
+
+
+def test_a_run_that_is_not_an_hlm_run_is_named(tmp_path, capsys):
+    """--config or --ensemble of a text LLM run: one line naming that run and its builder,
+    not the ECG builders' "need shards_dir"; an HLM pretraining run is named as such."""
+    text = _text_run(tmp_path / "tiny_lora")
+    want = (f"is not an HLM (ECG) run: its dataset builder is hlmtune.data_builders.alpaca_cleaned_dataset; "
+            f"hlmtune eval evaluates runs of {', '.join(ev.EVAL_BUILDERS)}")
+    rc, err = _eval_cli(capsys, "--config", text)
+    assert rc == 2 and err.strip() == f"hlmtune eval: --config {text} {want}"
+    hlm = [f"shards_dir={tmp_path / 'tokens'}", f"output_dir={tmp_path / 'hlm'}"]  # checked before shards are read
+    rc, err = _eval_cli(capsys, "--config", "ecg_lora", *hlm, "--ensemble", text)
+    assert rc == 2 and err.strip() == f"hlmtune eval: --ensemble {text} {want}"
+    rc, err = _eval_cli(capsys, "--config", "ecg_pretrain", *hlm)
+    assert rc == 2 and err.strip().startswith("hlmtune eval: --config ecg_pretrain: an HLM run of ecg_pretrain_dataset")
+    assert "shards_dir" not in err and err.count("\n") == 1
+
+
+def test_hlm_runs_are_recognised_by_their_dataset_builder():
+    from omegaconf import OmegaConf
+
+    for comp in ev.EVAL_BUILDERS:  # as the packs and as hlmtune.data_builders.ecg name them
+        for prefix in ("hlmtune.data_builders.", "hlmtune.data_builders.ecg."):
+            ev.check_hlm_run(OmegaConf.create({"dataset": {"_component_": prefix + comp}}), "run")
+    for cfg, why in [({"shards_dir": "/t", "dataset": {"_component_": "x.text_dataset"}}, "builder is x.text_dataset"),
+                     ({"dataset": [{"_component_": "hlmtune.data_builders.ecg_af_dataset"}]}, "a list of datasets"),
+                     ({"shards_dir": "/t"}, "no dataset builder")]:
+        with pytest.raises(ValueError, match=f"^r1 is not an HLM \\(ECG\\) run: its (config has )?.*{why}"):
+            ev.check_hlm_run(OmegaConf.create(cfg), "r1")

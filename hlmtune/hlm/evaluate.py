@@ -246,6 +246,48 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
 
 # ----------------------------------------------------------------------------- datasets
 
+# The ECG builders whose test prompts hlmtune eval rebuilds (by the last part of the dataset's
+# ``_component_``, as :func:`_test_dataset` dispatches): beat classes (plain, DPO, stream) and AF.
+EVAL_BUILDERS = ("ecg_beat_classification_dataset", "ecg_beat_dpo_dataset", "ecg_beat_stream_dataset",
+                 "ecg_af_dataset")
+
+
+def check_hlm_run(cfg: Any, run: str) -> None:
+    """Refuse, naming it, a run that is not an HLM (ECG) run with a test set to evaluate.
+
+    A run is recognised by its dataset builder, not by a ``shards_dir`` key: the builder is what
+    builds the prompts being evaluated, an HLM run may name its shards through its tokenizer's
+    ``manifest_path`` alone, and any other config may carry a ``shards_dir`` of its own. So a
+    run whose ``dataset._component_`` ends in one of :data:`EVAL_BUILDERS` is evaluated; one
+    whose builder is another of ``hlmtune.data_builders.ecg``'s (pretraining) is an HLM run
+    without classes to predict; anything else (a text LLM's dataset, a list of datasets, none)
+    is not an HLM run. Checked before its tokenizer is built (a text LLM's needs its own files).
+
+    Args:
+        cfg (DictConfig): the run's config.
+        run (str): the run as the user named it (``--config TARGET``, ``--ensemble FOLDER``).
+
+    Raises:
+        ValueError: not an HLM (ECG) run, or an HLM run of a builder without a test set.
+    """
+    from omegaconf import DictConfig
+
+    from hlmtune.data_builders import ecg as builders
+
+    ds = cfg.get("dataset")
+    full = str(ds.get("_component_")) if isinstance(ds, DictConfig) else None
+    comp = full.rsplit(".", 1)[-1] if full else None
+    if comp in EVAL_BUILDERS:
+        return
+    if comp and comp.startswith("ecg_") and callable(getattr(builders, comp, None)):
+        raise ValueError(f"{run}: an HLM run of {comp}, which has no classes to predict (pretraining); "
+                         f"hlmtune eval evaluates runs of {', '.join(EVAL_BUILDERS)}")
+    what = f"its dataset builder is {full}" if full else (
+        "its dataset is a list of datasets" if ds is not None and not isinstance(ds, DictConfig) else
+        "its config has no dataset builder")
+    raise ValueError(f"{run} is not an HLM (ECG) run: {what}; hlmtune eval evaluates runs of "
+                     f"{', '.join(EVAL_BUILDERS)}")
+
 
 def _test_dataset(cfg: Any, tokenizer: Any, split: str):
     """(kind, test dataset, training records, test records) built from the run's dataset section."""
@@ -445,7 +487,8 @@ def evaluate(
         out_dir (Optional[Path]): where to write (default ``<output_dir>/eval``).
         quantized (bool): also evaluate ``<output_dir>/quantized/*.pt`` (QAT runs).
         ptq_run (Optional[Path]): output_dir of the same model trained without fake quantization:
-            its float weights are quantized after training and evaluated beside the QAT export.
+            its float weights are quantized after training and evaluated beside the QAT export
+            (needs ``quantized``).
         max_examples (Optional[int]): evaluate only the first N test examples (smoke runs; the
             report says so).
         compile (bool): run the float model through ``torch.compile`` (see :func:`predict`).
@@ -473,10 +516,11 @@ def evaluate(
     from hlmtune.hlm import splits as sp
 
     torch.manual_seed(0)
-    if ensemble and quantized:
-        raise ValueError("--ensemble and --quantized do not combine: evaluate a QAT run's export on its own")
-    tokenizer = config.instantiate(cfg.tokenizer)
-    kind, ds, train_records, test_records = _test_dataset(cfg, tokenizer, split)
+    conflict = flag_conflict(quantized=quantized, ptq_run=ptq_run, ensemble=ensemble, calibration=calibration)
+    if conflict:
+        raise ValueError(conflict)
+    check_hlm_run(cfg, str(cfg.get("output_dir")))
+    # every run is recognised before any work (the first run's test set is built next)
     seen = {Path(cfg.output_dir).resolve()}
     for d in ensemble:
         if not (Path(d) / "torchtune_config.yaml").is_file():
@@ -486,6 +530,10 @@ def evaluate(
         seen.add(Path(d).resolve())
     shared = [o for o in overrides if not o.split("=", 1)[0].strip().lstrip("+~").startswith("output_dir")]
     members = [(Path(d), load_run_config(str(d), shared)) for d in ensemble]
+    for d, mcfg in members:
+        check_hlm_run(mcfg, f"--ensemble {d}")
+    tokenizer = config.instantiate(cfg.tokenizer)
+    kind, ds, train_records, test_records = _test_dataset(cfg, tokenizer, split)
     for d, mcfg in members:
         train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
     random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
@@ -523,8 +571,6 @@ def evaluate(
     if calibration is not None:  # checked before any model runs: a bad file fails at once
         from hlmtune.hlm.calibrate import apply_bias, load_calibration
 
-        if quantized:
-            raise ValueError("--calibration and --quantized do not combine: calibrate the float run")
         if kind != "beat":
             raise ValueError("--calibration applies to beat classification runs (hlmtune cv fits it)")
         bias = load_calibration(Path(calibration), classes=classes, test_records=test_records)
@@ -683,7 +729,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, default=None, help="output folder (default <output_dir>/eval)")
     p.add_argument("--quantized", action="store_true", help="QAT run: also evaluate its int8/int4 export")
     p.add_argument("--ptq-run", type=Path, default=None,
-                   help="with --quantized: output_dir of the same model trained without fake quantization; "
+                   help="needs --quantized: output_dir of the same model trained without fake quantization; "
                         "it is quantized after training and evaluated beside the QAT export")
     p.add_argument("--max-examples", type=int, default=None, help="only the first N test examples (smoke runs)")
     p.add_argument("--compile", action="store_true",
@@ -771,14 +817,46 @@ def _moved(cfg: Any, old: str, new: str, *, given: Set[str], prefix: str = "") -
                 cfg[key] = str(there)
 
 
+def flag_conflict(*, quantized: bool, ptq_run: Optional[Path], ensemble: Sequence[Path],
+                  calibration: Optional[Path]) -> Optional[str]:
+    """Why these ``hlmtune eval`` flags do not go together, or None.
+
+    A flag documented "with X" is refused without X rather than silently ignored: ``--ptq-run``
+    is only read beside ``--quantized``'s QAT export. (The other flags stand on their own; the
+    overrides apply to the run, and to every ``--ensemble`` run when there are some.)
+
+    Args:
+        quantized (bool): ``--quantized``.
+        ptq_run (Optional[Path]): ``--ptq-run``.
+        ensemble (Sequence[Path]): ``--ensemble``.
+        calibration (Optional[Path]): ``--calibration``.
+
+    Returns:
+        Optional[str]: a one-line message naming the flags, or None when they combine.
+    """
+    if ptq_run is not None and not quantized:
+        return "--ptq-run needs --quantized (its run is quantized after training and evaluated beside the QAT export)"
+    if ensemble and quantized:
+        return "--ensemble and --quantized do not combine: evaluate a QAT run's export on its own"
+    if calibration is not None and quantized:
+        return "--calibration and --quantized do not combine: calibrate the float run"
+    return None
+
+
 def _main(args: argparse.Namespace) -> int:
     from hlmtune.hlm.splits import SplitError
 
     if args.batch_size < 1:
         print("hlmtune eval: --batch-size must be >= 1", file=sys.stderr)
         return 2
+    conflict = flag_conflict(quantized=args.quantized, ptq_run=args.ptq_run, ensemble=args.ensemble,
+                             calibration=args.calibration)
+    if conflict:  # argument errors first: before any config is read
+        print(f"hlmtune eval: {conflict}", file=sys.stderr)
+        return 2
     try:
         cfg = load_run_config(args.config, args.overrides)
+        check_hlm_run(cfg, f"--config {args.config}")
         metrics = evaluate(cfg, split=args.split, batch_size=args.batch_size, out_dir=args.out,
                            quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples,
                            compile=args.compile, ensemble=args.ensemble, overrides=args.overrides,
