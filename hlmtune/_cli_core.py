@@ -121,10 +121,24 @@ def _pack_file(name: str) -> Optional[Path]:
     return config_path(name) or pack_file(name)  # sweep templates and example grids too
 
 
+def _closest_pack_name(name: str) -> str:
+    """`` (did you mean 'X'?)`` for the pack recipe, config, template or grid closest to ``name``."""
+    import difflib
+
+    from hlmtune.registry import CONFIGS, RECIPES
+    from hlmtune.sweep.files import pack_files
+
+    names = [*RECIPES, *CONFIGS, *pack_files()]
+    close = difflib.get_close_matches(name, names, n=1) or difflib.get_close_matches(
+        name[:-5] if name.endswith(".yaml") else name[:-3] if name.endswith(".py") else name, names, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _cmd_path(args: argparse.Namespace) -> int:
     p = _pack_file(args.name)
     if p is None or not p.exists():
-        print(f"hlmtune path: '{args.name}' is not a pack recipe or config (see `hlmtune ls`)", file=sys.stderr)
+        print(f"hlmtune path: '{args.name}' is not a pack recipe or config{_closest_pack_name(args.name)} "
+              "(see `hlmtune ls`)", file=sys.stderr)
         return 2
     print(p)
     return 0
@@ -134,7 +148,8 @@ def _cmd_cp(args: argparse.Namespace) -> int:
     name = args.file
     src = _pack_file(name)
     if src is None or not src.exists():
-        print(f"hlmtune cp: '{name}' is not a pack recipe or config (see `hlmtune ls`; torchtune's: `tune cp`)", file=sys.stderr)
+        print(f"hlmtune cp: '{name}' is not a pack recipe or config{_closest_pack_name(name)} "
+              "(see `hlmtune ls`; torchtune's: `tune cp`)", file=sys.stderr)
         return 2
     dest = Path(args.destination)
     if dest.is_dir():

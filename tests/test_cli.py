@@ -112,7 +112,7 @@ def test_validate_cli(monkeypatch, tmp_path, capsys):
     assert main(["validate", "--config", "tiny_lora"]) == 0
     assert "OK" in capsys.readouterr().out
     assert main(["validate", "--config", "tiny_lora", "data_loader.num_workerz=2"]) == 2
-    assert "did you mean 'num_workers'" in capsys.readouterr().err
+    assert "did you mean 'data_loader.num_workers'" in capsys.readouterr().err
     assert main(["validate", "--config", "tiny_lora", "--check-paths", f"model_dir={tmp_path}"]) == 2
     assert "tokenizer.path" in capsys.readouterr().err
 
@@ -209,3 +209,12 @@ def test_validate_and_run_list_key_and_path_problems_in_one_pass(capsys, monkeyp
     for lines in (v, r):
         assert "did you mean 'batch_size'" in lines[0], lines
         assert any(f"key 'model_dir': {missing}: does not exist" in ln for ln in lines[1:]), lines
+
+
+def test_cp_and_path_name_the_closest_pack_file(tmp_path, capsys):
+    for cmd in (["cp", "tiny_lra", str(tmp_path / "x.yaml")], ["path", "tiny_lra"], ["path", "ecg_paper_swep.yaml"]):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert ("did you mean 'tiny_lora'?" if "tiny_lra" in cmd else "did you mean 'ecg_paper_sweep.yaml'?") in err, err
+    assert not (tmp_path / "x.yaml").exists()
+    assert main(["path", "zzzzqqq"]) == 2 and "did you mean" not in capsys.readouterr().err

@@ -53,14 +53,14 @@ def test_errors_name_the_key_and_the_closest():
         "log_peak_memory_stats": "yes", "quantize": {"enabeld": True},
     }, QAT)
     text = "\n".join(errors)
-    assert "unknown key 'data_loader.pin_memroy' (did you mean 'pin_memory'?)" in text
+    assert "unknown key 'data_loader.pin_memroy' (did you mean 'data_loader.pin_memory'?)" in text
     assert "data_loader.num_workers must be an integer >= 0, got -1" in text
     assert "data_loader.split must be one of ('distributed', 'contiguous'), got 'contigous' (did you mean 'contiguous'?)" in text
     assert "data_parallel must be one of" in text and "did you mean 'fsdp'" in text
     assert "save_every_n_steps must be a positive integer or null, got 0" in text
     assert "keep_last_n_checkpoints must be a positive integer or null, got '2'" in text
     assert "log_peak_memory_stats must be True or False" in text
-    assert "unknown key 'quantize.enabeld' (did you mean 'enabled'?)" in text
+    assert "unknown key 'quantize.enabeld' (did you mean 'quantize.enabled'?)" in text
     assert len(errors) == 8
     _, errors = _parse({"data_loader": [1]})
     assert errors == ["data_loader must be a mapping, got [1]"]

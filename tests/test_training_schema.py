@@ -26,7 +26,7 @@ def test_tiny_config_is_valid(tiny_cfg):
     ("batch_sise=2", "did you mean 'batch_size'"),
     ("optimizer.lrr=1e-3", "did you mean 'lr'"),
     ("model.lora_rnak=4", "did you mean 'lora_rank'"),
-    ("data_loader.pin_memroy=True", "did you mean 'pin_memory'"),
+    ("data_loader.pin_memroy=True", "did you mean 'data_loader.pin_memory'"),
     ("data_parallel=fdsp", "did you mean 'fsdp'"),
     ("model._component_=torchtune.models.llama3.lora_llama4", "did you mean 'lora_llama3'"),
     ("dtype=fp16", "dtype must be"),

@@ -179,7 +179,8 @@ def _parse_section(cls: type, data: Any, name: str, errors: List[str], closest: 
     for k, v in data.items():
         f = fields.get(k)
         if f is None:
-            errors.append(f"unknown key '{name}.{k}'{closest(str(k), fields)}")
+            # The suggestion as the full key the user types (data_loader.num_workers).
+            errors.append(f"unknown key '{name}.{k}'" + closest(str(k), fields).replace("mean '", f"mean '{name}.", 1))
             continue
         check = f.metadata["check"]
         problem = check(v)
