@@ -404,10 +404,10 @@ def main_collect(args: Any) -> int:
     for p in problems:
         print(f"problem: {p['path']}: {p['reason']}", file=sys.stderr)
     if not rows:
-        print("error: no usable run (see problems above)", file=sys.stderr)
+        print("hlmtune collect: error: no usable run (see problems above)", file=sys.stderr)
         return 2
     lost = [p for p in problems if p["reason"].startswith("unreadable")]
     if lost:
-        print(f"error: {len(lost)} run(s) lost: unreadable (see problems above); the table holds the others", file=sys.stderr)
+        print(f"hlmtune collect: error: {len(lost)} run(s) lost: unreadable (see problems above); the table holds the others", file=sys.stderr)
         return 1
     return 0

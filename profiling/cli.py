@@ -34,7 +34,7 @@ def _profile_parse(args: argparse.Namespace) -> int:
     try:
         summary = summarize_path(args.paths)
     except (NsysFormatError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"hlmtune profile parse: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
     atomic_write_json(out / API_SUMMARY_FILE, summary)

@@ -519,7 +519,7 @@ def run_nsys(args: Any) -> int:
         return 0
     exe = shutil.which("nsys")
     if exe is None:
-        print("error: `nsys` (NVIDIA Nsight Systems CLI) is not on PATH. Install Nsight Systems or load "
+        print("hlmtune profile nsys: error: `nsys` (NVIDIA Nsight Systems CLI) is not on PATH. Install Nsight Systems or load "
               "its module (e.g. `module load nsight-systems`), or use `hlmtune profile torch` on CPU. "
               f"Command that would run: {shlex.join(prof)}", file=sys.stderr)
         return 2
@@ -537,12 +537,12 @@ def run_nsys(args: Any) -> int:
             report = legacy
             stats[-1] = str(report)
         else:
-            print(f"error: nsys exited with {rc} and wrote no report at {report}", file=sys.stderr)
+            print(f"hlmtune profile nsys: error: nsys exited with {rc} and wrote no report at {report}", file=sys.stderr)
             return rc or 2
     print("+ " + shlex.join(stats), file=sys.stderr)
     src = subprocess.run(stats).returncode
     if src != 0:
-        print(f"error: nsys stats exited with {src}", file=sys.stderr)
+        print(f"hlmtune profile nsys: error: nsys stats exited with {src}", file=sys.stderr)
         return src
     sqlite_path = report.with_suffix(".sqlite")
     summary = summarize_path([sqlite_path] if sqlite_path.exists() else [out / "stats"])

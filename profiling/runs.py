@@ -47,7 +47,7 @@ def profiled_command(cmd: List[str], tool: str) -> Optional[List[str]]:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print(f"error: give the command to profile after `--`, e.g. hlmtune profile {tool} -- hlmtune run ...", file=sys.stderr)
+        print(f"hlmtune profile {tool}: error: give the command to profile after `--`, e.g. hlmtune profile {tool} -- hlmtune run ...", file=sys.stderr)
         return None
     return cmd
 

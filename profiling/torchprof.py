@@ -206,7 +206,7 @@ def run_torch(args: Any) -> int:
     print("+ " + shlex.join(cmd), file=sys.stderr)
     rc = subprocess.run(cmd, env=env).returncode
     if not list((out / "torch_prof").glob("*.json")):
-        print(f"error: command exited with {rc} and no process wrote a profile under {out / 'torch_prof'}", file=sys.stderr)
+        print(f"hlmtune profile torch: error: command exited with {rc} and no process wrote a profile under {out / 'torch_prof'}", file=sys.stderr)
         return rc or 2
     summary = merge(out)
     atomic_write_json(out / API_SUMMARY_FILE, summary)

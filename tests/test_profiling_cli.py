@@ -35,8 +35,18 @@ def test_profile_without_command_is_an_error(capsys: pytest.CaptureFixture) -> N
     from hlmtune.cli import main
 
     assert main(["profile", "nsys", "--dry-run"]) == 2
-    assert "after `--`" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "after `--`" in err and err.startswith("hlmtune profile nsys: error: ")  # names the command, as others do
     assert main(["profile", "torch"]) == 2
+    assert capsys.readouterr().err.startswith("hlmtune profile torch: error: ")
+
+
+def test_profile_parse_of_a_missing_path_names_the_command(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    from hlmtune.cli import main
+
+    assert main(["profile", "parse", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hlmtune profile parse: error: ") and str(tmp_path / "nope") in err
 
 
 def test_collect_into_a_file_is_one_line_exit_2(tmp_path, capsys: pytest.CaptureFixture) -> None:
