@@ -203,3 +203,21 @@ def test_cpu_model_takes_blocked_attention_and_onednn_where_asked(dist_env, tiny
             r.cleanup()
     finally:
         fastpath.onednn_linear_pays.cache_clear()
+
+
+def test_the_dataloaders_set_vital_deprecation_is_not_printed():
+    """torchdata's loader calls the deprecated torch.set_vital on construction: not the user's
+    problem, so the recipes' import drops that one warning (others still show)."""
+    import warnings
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from hlmtune.training.recipe import quiet_known_warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_known_warnings()
+        StatefulDataLoader(list(range(4)), batch_size=2)
+        warnings.warn("another warning", UserWarning)
+    texts = [str(w.message) for w in seen]
+    assert "another warning" in texts and not any("set_vital" in t for t in texts), texts

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -57,6 +58,19 @@ from hlmtune.training.schema import config_warnings, resolve_component, validate
 from hlmtune.training.spec import RecipeSpec
 
 log = utils.get_logger("INFO")
+
+
+def quiet_known_warnings() -> None:
+    """Drop third-party warnings that say nothing about the run.
+
+    torchdata's ``StatefulDataLoader.__init__`` calls ``torch.set_vital``, which torch 2.13
+    deprecated: every run printed "'set_vital' is deprecated, please do not call" once per
+    rank, about a call the user does not make. Installed when this module is imported.
+    """
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+
+
+quiet_known_warnings()
 
 
 class RecipeBase:
