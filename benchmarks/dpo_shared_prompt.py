@@ -126,7 +126,8 @@ def _step(recipe, batch, shared: bool):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=("text", "ecg", "both"), default="both")
+    ap.add_argument("--shape", choices=("text", "ecg", "both"), default="both",
+                    help="text: a tiny Llama3, 256-token rows; ecg: HLM-1M, ECG DPO prompts; both (default)")
     ap.add_argument("--pairs", type=int, default=12, help="measured (shared, two-row) step pairs (default 12)")
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps of each kind first")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

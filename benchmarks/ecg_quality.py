@@ -31,7 +31,8 @@ TARGETS = {"V": 0.90, "S": 0.60}
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("outputs/bench_ecg_quality"), help="work folder")
+    ap.add_argument("--out", type=Path, default=Path("outputs/bench_ecg_quality"),
+                    help="work folder; a rerun resumes from the runs it holds (default: outputs/bench_ecg_quality)")
     ap.add_argument("--data", default=None, help="MIT-BIH folder (default $HLM_DATA/mitdb)")
     from hlmtune.hlm.pipeline import PRETRAIN_STEPS  # light: no torch
 
@@ -39,7 +40,8 @@ def main() -> int:
                     help=f"pretraining steps (default {PRETRAIN_STEPS}: chosen over 200 by hlmtune cv, docs/hlm.md)")
     ap.add_argument("--finetune-examples", type=int, default=24000,
                     help="LoRA examples (default 24,000, as make demo: chosen on held-out DS1 records)")
-    ap.add_argument("--model", default="hlm_1m")
+    ap.add_argument("--model", default="hlm_1m",
+                    help="HLM size: hlm_1m (default), hlm_10m or hlm_100m (~6x / ~50x slower per token here)")
     ap.add_argument("--seeds", type=int, default=3,
                     help="LoRA fine-tunes (seeds 0..K-1) evaluated as one ensemble (hlmtune demo --seeds); "
                          "3 was chosen on two held-out DS1 folds (docs/hlm.md)")
@@ -49,7 +51,7 @@ def main() -> int:
     ap.add_argument("--pretrain-seed", type=int, default=0, metavar="S",
                     help="seed of the first pretraining (default 0, the reported run; another seed is another draw "
                          "of the same recipe: for the spread, not for choosing)")
-    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--nproc", type=int, default=2, help="CPU ranks per training stage (default: 2)")
     ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")
     args = ap.parse_args()
     if args.pretrain_seed < 0:

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from hlmtune._helpfmt import DefaultsHelpFormatter
+
 # Names accepted by --dataset (kept here, not imported from report.py, to stay import-light;
 # tests check they match report.BUILDERS).
 DATASET_NAMES = ("alpaca_cleaned", "grammar", "samsum", "slimorca", "stack_exchange_paired", "hh_rlhf")
@@ -132,7 +134,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
             "rows, total/mean/median/p90/max tokens, prompt vs target tokens and rows longer "
             "than max_seq_len. Prints a Markdown (or CSV) table; --json also writes JSON."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
         "--dataset",

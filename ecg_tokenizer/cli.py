@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from hlmtune._helpfmt import DefaultsHelpFormatter
+
 _EPILOG_TOKENIZE = """\
 examples:
   hlmtune tokenize --records $HLM_DATA/mitdb --scheme samples --beat-samples 128 --out tokens/mitdb
@@ -39,17 +41,11 @@ _PARAM_NAME = re.compile(r"(?<![\w-])(" + "|".join(sorted(_PARAM_FLAGS, key=len,
 SYNTH_MIN_FS = 60
 
 
-class _Defaults(argparse.HelpFormatter):
-    """Shows ``(default: X)`` for options that have a meaningful default."""
+class _Defaults(DefaultsHelpFormatter):
+    """The pack's defaults-in-help formatter, with a wider option column."""
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=34)
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        h = action.help or ""
-        if action.required or action.default in (None, False, argparse.SUPPRESS) or "default" in h:
-            return h
-        return h + " (default: %(default)s)"
 
 
 class _Combined(_Defaults, argparse.RawDescriptionHelpFormatter):

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from hlmtune._helpfmt import DefaultsHelpFormatter
+
 
 def _collect(args: argparse.Namespace) -> int:
     from hlmtune.profiling.analysis import main_collect
@@ -53,7 +55,7 @@ def register(subparsers: Any) -> None:
     Args:
         subparsers: the ``add_subparsers()`` object of the top-level parser.
     """
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     c = subparsers.add_parser(
         "collect",
         help="scaling table (CSV/Markdown), problems and plots from collector run directories",

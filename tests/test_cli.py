@@ -218,3 +218,33 @@ def test_cp_and_path_name_the_closest_pack_file(tmp_path, capsys):
         assert ("did you mean 'tiny_lora'?" if "tiny_lra" in cmd else "did you mean 'ecg_paper_sweep.yaml'?") in err, err
     assert not (tmp_path / "x.yaml").exists()
     assert main(["path", "zzzzqqq"]) == 2 and "did you mean" not in capsys.readouterr().err
+
+
+def _all_parsers(parser, name="hlmtune"):
+    import argparse
+
+    yield name, parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub, p in a.choices.items():
+                yield from _all_parsers(p, f"{name} {sub}")
+
+
+def test_every_option_states_its_default_at_most_once_and_shows_zero():
+    """argparse's ArgumentDefaultsHelpFormatter appended "(default: None)" after help that already
+    said its default; the pack's formatter does not, and shows a default of 0 (0 == False)."""
+    from hlmtune.cli import build_parser
+
+    seen = 0
+    for name, p in _all_parsers(build_parser()):
+        fmt = p._get_formatter()
+        for a in p._actions:
+            if not a.help or not a.option_strings:
+                continue
+            text = fmt._get_help_string(a)
+            seen += 1
+            assert text.replace("%(default)s", "").count("default") <= 1, f"{name} {a.option_strings[0]}: {text}"
+            assert "(default: %(default)s)" not in text or a.default not in (None, [], ()), f"{name} {a.option_strings[0]}"
+    assert seen > 100
+    synth = dict(_all_parsers(build_parser()))["hlmtune synth-ecg"]
+    assert "--seed SEED" in synth.format_help() and "(default: 0)" in synth.format_help()

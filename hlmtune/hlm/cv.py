@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from hlmtune._helpfmt import RawDefaultsHelpFormatter
 from hlmtune.hlm.pipeline import PRETRAIN_STEPS, pretrain_dirs
 
 CLASSES_BALANCED = ("S", "V")  # spread evenly over folds, rarest first: the classes the issue scores
@@ -510,10 +511,6 @@ def run_cv(
     return out / "report.md"
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown, examples kept as written."""
-
-
 def register(subparsers: Any) -> None:
     """Add ``hlmtune cv``."""
     p = subparsers.add_parser(
@@ -541,7 +538,7 @@ def register(subparsers: Any) -> None:
             "  hlmtune cv --out /tmp/cv --source synthetic --folds 2 --pretrain-steps 4 --finetune-examples 64 "
             "--max-eval 150   # smoke run"
         ),
-        formatter_class=_HelpFormatter,
+        formatter_class=RawDefaultsHelpFormatter,
     )
     from hlmtune.hlm.pipeline import add_job_arguments, run_job
 

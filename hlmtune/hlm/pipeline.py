@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from hlmtune._helpfmt import DefaultsHelpFormatter
+
 COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 # RR bins of 28 ms (64 over 0.2-2.0 s) instead of the tokenizer's default 112 ms: the
 # prematurity of supraventricular beats (often 10-20% of the RR, i.e. 80-160 ms at 75 bpm) and
@@ -593,7 +595,7 @@ def register(subparsers: Any) -> None:
             "outputs/demo_b, then --out outputs/demo_b with other settings redoes only what they change). "
             "The tiny LoRA scaling demo is `hlmtune scaling-demo`."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_job_arguments(p, out="outputs/demo", each="")
     p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
