@@ -80,7 +80,9 @@ def test_ranks_die_with_a_killed_launcher_and_hold_their_output_dir(text_data_di
     common = ["lora_finetune_distributed", "--config", "tiny_lora", f"model_dir={model}",
               f"data_dir={text_data_dir}", f"output_dir={out}", "batch_size=1"]
     launcher = subprocess.Popen(
-        [HLMTUNE, "run", "--nproc_per_node", "2", *common, "max_steps_per_epoch=100000",
+        # epochs=1000: the run lives until killed, however slowly the second run starts on a loaded
+        # host (one epoch of the stand-in data ended first once, and the second run then took the lock).
+        [HLMTUNE, "run", "--nproc_per_node", "2", *common, "max_steps_per_epoch=100000", "epochs=1000",
          f"metric_logger._component_={COLLECTOR}", f"metric_logger.log_dir={out}/metrics"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ranks = []
