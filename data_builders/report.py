@@ -23,7 +23,6 @@ import csv
 import importlib
 import io
 import json
-import logging
 import math
 import os
 import statistics
@@ -229,32 +228,25 @@ def token_count_report(
 
 
 @contextlib.contextmanager
-def _quiet_datasets(progress: bool) -> Iterator[None]:
-    """Silence the ``datasets`` library's log records (and, without ``progress``, its bars).
-
-    On a bad local file ``datasets`` logs ``ERROR:... Failed to load JSON ...`` before the
-    loader falls back to a line-by-line read that names the bad row; the report gives that one
-    line itself, so the library's records are dropped while a dataset loads. Restored on exit.
+def _datasets_bars(progress: bool) -> Iterator[None]:
+    """Without ``progress``, the ``datasets`` library's own bars ("Generating train split") off
+    while a dataset loads; restored on exit. (Its ``ERROR: Failed to load JSON`` record on a bad
+    file is muted where the file is read: ``hlmtune.data_builders.loading``.)
 
     Args:
-        progress (bool): keep the ``datasets`` progress bars ("Generating train split").
+        progress (bool): keep the bars.
     """
-    logger = logging.getLogger("datasets")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
-    bars = None
-    if not progress:
-        from datasets.utils import logging as ds_logging
+    if progress:
+        yield
+        return
+    from datasets.utils import logging as ds_logging
 
-        bars = ds_logging.is_progress_bar_enabled()
-        ds_logging.disable_progress_bar()
+    bars = ds_logging.is_progress_bar_enabled()
+    ds_logging.disable_progress_bar()
     try:
         yield
     finally:
-        logger.setLevel(level)
         if bars:
-            from datasets.utils import logging as ds_logging
-
             ds_logging.enable_progress_bar()
 
 
@@ -276,7 +268,7 @@ def _dataset_rows(
         kwargs.setdefault("on_bad_row", on_bad_row)
     kwargs["train_on_input"] = False  # the mask must separate prompt from target
     kwargs["packed"] = False
-    with _quiet_datasets(progress):
+    with _datasets_bars(progress):
         ds = builder(full, **kwargs)
     is_pref = isinstance(ds, PreferenceDataset)
     template = spec.get("template") or TEMPLATES.get(name, "custom")

@@ -274,7 +274,11 @@ def test_a_run_that_is_not_an_hlm_run_is_named(tmp_path, capsys):
 def test_hlm_runs_are_recognised_by_their_dataset_builder():
     from omegaconf import OmegaConf
 
-    for comp in ev.EVAL_BUILDERS:  # as the packs and as hlmtune.data_builders.ecg name them
+    from hlmtune.data_builders import ecg
+
+    four = ("ecg_beat_classification_dataset", "ecg_beat_dpo_dataset", "ecg_beat_stream_dataset", "ecg_af_dataset")
+    assert set(ev.EVAL_BUILDERS) == set(four) and all(callable(getattr(ecg, c, None)) for c in four)
+    for comp in four:  # as the packs and as hlmtune.data_builders.ecg name them
         for prefix in ("hlmtune.data_builders.", "hlmtune.data_builders.ecg."):
             ev.check_hlm_run(OmegaConf.create({"dataset": {"_component_": prefix + comp}}), "run")
     for cfg, why in [({"shards_dir": "/t", "dataset": {"_component_": "x.text_dataset"}}, "builder is x.text_dataset"),

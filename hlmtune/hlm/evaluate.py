@@ -246,10 +246,13 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
 
 # ----------------------------------------------------------------------------- datasets
 
-# The ECG builders whose test prompts hlmtune eval rebuilds (by the last part of the dataset's
-# ``_component_``, as :func:`_test_dataset` dispatches): beat classes (plain, DPO, stream) and AF.
-EVAL_BUILDERS = ("ecg_beat_classification_dataset", "ecg_beat_dpo_dataset", "ecg_beat_stream_dataset",
-                 "ecg_af_dataset")
+# The ECG builders whose test prompts hlmtune eval rebuilds, by the last part of the dataset's
+# ``_component_`` (what :func:`_test_dataset` dispatches on): beat-class builders -> (kind, the
+# private builder of ``hlmtune.data_builders.ecg`` that writes their prompts), then AF.
+BEAT_BUILDERS = {"ecg_beat_classification_dataset": ("beat", "_classification"),
+                 "ecg_beat_dpo_dataset": ("beat", "_classification"),
+                 "ecg_beat_stream_dataset": ("stream", "_stream")}
+EVAL_BUILDERS = (*BEAT_BUILDERS, "ecg_af_dataset")
 
 
 def check_hlm_run(cfg: Any, run: str) -> None:
@@ -314,11 +317,9 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
     # The test prompts are built exactly as the run's training prompts (every key of its dataset
     # section, the builder's defaults for the rest); only the records, the draw and augmentation
     # (the private builders drop both when evaluating) differ.
-    beat_builders = {"ecg_beat_classification_dataset": ("beat", builders._classification),
-                     "ecg_beat_dpo_dataset": ("beat", builders._classification),
-                     "ecg_beat_stream_dataset": ("stream", builders._stream)}
-    if comp in beat_builders:
-        kind, build = beat_builders[comp]
+    if comp in BEAT_BUILDERS:
+        kind, private = BEAT_BUILDERS[comp]
+        build = getattr(builders, private)
         defaults = {k: p.default for k, p in inspect.signature(getattr(builders, comp)).parameters.items()
                     if p.default is not inspect.Parameter.empty}
         d = build(tokenizer, **{**defaults, **ds, "split": test_split, "records": None, "evaluation": True})

@@ -168,7 +168,7 @@ def section_keys(cls: type) -> frozenset:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def _parse_section(cls: type, data: Any, name: str, errors: List[str], closest: Callable[[str, Any], str]) -> Any:
+def _parse_section(cls: type, data: Any, name: str, errors: List[str], closest: Callable[..., str]) -> Any:
     if data is None:
         return cls()
     if not isinstance(data, Mapping):
@@ -180,7 +180,7 @@ def _parse_section(cls: type, data: Any, name: str, errors: List[str], closest: 
         f = fields.get(k)
         if f is None:
             # The suggestion as the full key the user types (data_loader.num_workers).
-            errors.append(f"unknown key '{name}.{k}'" + closest(str(k), fields).replace("mean '", f"mean '{name}.", 1))
+            errors.append(f"unknown key '{name}.{k}'{closest(str(k), fields, prefix=f'{name}.')}")
             continue
         check = f.metadata["check"]
         problem = check(v)
@@ -234,7 +234,7 @@ def _parse_ac(data: Mapping[str, Any], accepted: frozenset, errors: List[str]) -
 
 
 def parse_pack_options(
-    data: Mapping[str, Any], accepted: frozenset, errors: List[str], closest: Callable[[str, Any], str]
+    data: Mapping[str, Any], accepted: frozenset, errors: List[str], closest: Callable[..., str]
 ) -> PackOptions:
     """Parse and check the pack's keys of a resolved config.
 
@@ -243,7 +243,8 @@ def parse_pack_options(
         accepted (frozenset): top-level keys the recipe accepts (keys it does not read, such
             as ``ac_mode`` on a LoRA recipe, keep their defaults).
         errors (List[str]): problems are appended here, one line each, naming the key.
-        closest (Callable[[str, Any], str]): ``" (did you mean 'x'?)"`` helper.
+        closest (Callable[..., str]): ``" (did you mean 'x'?)"`` helper (``prefix=`` writes the
+            suggestion as a full key).
 
     Returns:
         PackOptions: parsed values; defaults where a key is absent or bad.

@@ -129,9 +129,11 @@ class ConfigError(ValueError):
         self.problems = list(problems) if problems is not None else [message]
 
 
-def _closest(name: str, choices: Iterable[str]) -> str:
+def _closest(name: str, choices: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean 'X'?)`` for the choice closest to ``name``, written as ``prefix + X`` (the
+    full key of a section's field, e.g. ``data_loader.num_workers``), or ``""``."""
     match = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{match[0]}'?)" if match else ""
+    return f" (did you mean '{prefix}{match[0]}'?)" if match else ""
 
 
 # Accepted keys per pack recipe, derived from the specs.
@@ -302,14 +304,27 @@ def validate_config(
     return options
 
 
+def _signature(comp: Any) -> Any:
+    """``inspect.Signature`` of what a ``_component_`` path names, or None (unresolvable, no signature)."""
+    try:
+        return inspect.signature(resolve_component(comp))
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
+def _dataset_nodes(data: Mapping[str, Any]) -> List[tuple]:
+    """(key path, node) of the config's dataset section: ``dataset``, or ``dataset[i]`` per item of a
+    list (ConcatDataset), as :func:`_check_component` names them."""
+    sets = data.get("dataset")
+    return [(f"dataset[{i}]", d) for i, d in enumerate(sets)] if isinstance(sets, list) else [("dataset", sets)]
+
+
 def _model_context(model: Mapping[str, Any]) -> Any:
     """The model's longest sequence: its ``max_seq_len`` key, else its builder's default, else None."""
     if model.get("max_seq_len") is not None:
         return model["max_seq_len"]
-    try:
-        p = inspect.signature(resolve_component(model["_component_"])).parameters.get("max_seq_len")
-    except (ConfigError, TypeError, ValueError, KeyError):
-        return None
+    sig = _signature(model["_component_"])
+    p = sig.parameters.get("max_seq_len") if sig is not None else None
     return None if p is None or p.default is p.empty else p.default
 
 
@@ -322,9 +337,7 @@ def _check_lengths(data: Mapping[str, Any], errors: List[str]) -> None:
     ctx = _model_context(model)
     if not isinstance(ctx, int):
         return
-    sets = data.get("dataset")
-    where_sets = [("dataset", sets)] if not isinstance(sets, list) else [(f"dataset[{i}]", d) for i, d in enumerate(sets)]
-    for where, node in [("tokenizer", data.get("tokenizer")), *where_sets]:
+    for where, node in [("tokenizer", data.get("tokenizer")), *_dataset_nodes(data)]:
         n = node.get("max_seq_len") if isinstance(node, Mapping) else None
         if isinstance(n, int) and not isinstance(n, bool) and n > ctx:
             errors.append(f"{where}.max_seq_len: {n} is longer than the model's context (model.max_seq_len = {ctx}"
@@ -340,9 +353,8 @@ def _builder_kind(comp: Any) -> tuple:
     (``PreferenceDataset``, ``ValidatedPreferenceDataset``, ``SFTDataset`` ...). Unknown or
     unannotated components give (None, ""): nothing is concluded from them.
     """
-    try:
-        sig = inspect.signature(resolve_component(comp))
-    except (ConfigError, TypeError, ValueError):
+    sig = _signature(comp)
+    if sig is None:
         return None, ""
     ret = sig.return_annotation
     ret = "" if ret is inspect.Signature.empty else (ret if isinstance(ret, str) else str(ret))
@@ -369,15 +381,12 @@ def _check_pairing(spec: RecipeSpec, data: Mapping[str, Any], errors: List[str])
         elif is_lora and not adapters:
             errors.append(f"model._component_: {comp} is a LoRA builder, and {spec.name} trains every weight from a "
                           f"checkpoint without adapter keys (use the base builder, or a LoRA recipe)")
-    sets = data.get("dataset")
-    sets = sets if isinstance(sets, list) else [sets]
-    for i, ds in enumerate(sets):
+    for where, ds in _dataset_nodes(data):
         if not (isinstance(ds, Mapping) and isinstance(ds.get("_component_"), str)):
             continue
         _, ret = _builder_kind(ds["_component_"])
         if not ret:
             continue
-        where = "dataset" if len(sets) == 1 else f"dataset[{i}]"
         is_pref = "Preference" in ret
         if preference and not is_pref:
             errors.append(f"{where}._component_: {ds['_component_']} returns {ret}, and {spec.name} needs preference "
