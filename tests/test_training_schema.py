@@ -197,3 +197,21 @@ def test_sequences_longer_than_the_model_context_are_named(monkeypatch, tmp_path
     validate_config(load_config(path, ["dataset.max_seq_len=1024"]), "full_finetune_distributed")
     validate_config(load_config(path, ["dataset.max_seq_len=2048", "model.max_seq_len=2048", "tokenizer.max_seq_len=2048"]),
                     "full_finetune_distributed")
+
+
+def test_each_dataset_of_a_list_is_checked_under_its_own_key(monkeypatch, tmp_path):
+    """A ConcatDataset config (a list): pairing and length problems name the item (dataset[i])."""
+    monkeypatch.setenv("HLM_DATA", str(tmp_path))
+    base = load_config(str(config_path("tiny_lora")), [])
+    sft = OmegaConf.to_container(base.dataset)
+    pref = OmegaConf.to_container(load_config(str(config_path("tiny_lora_dpo")), []).dataset)
+    cfg = OmegaConf.merge(base, {})
+    cfg.dataset = [sft, {**pref}]
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg, "lora_finetune_distributed")
+    assert "dataset[1]._component_: hlmtune.data_builders.hh_rlhf_dataset returns preference pairs" in str(e.value)
+    assert "dataset[0]" not in str(e.value)
+    cfg.dataset = [sft, {**sft, "max_seq_len": 4096}]
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg, "lora_finetune_distributed")
+    assert "dataset[1].max_seq_len: 4096 is longer than the model's context" in str(e.value)

@@ -227,8 +227,11 @@ def _check_component(node: Mapping[str, Any], where: str, errors: List[str]) -> 
             # **kwargs would swallow it (e.g. load_dataset kwargs), but it is one edit away
             # from a declared argument: almost certainly a typo.
             errors.append(f"{where}.{k}: {comp} has no argument '{k}'{_closest(k, named)}")
-    supplied = _RECIPE_SUPPLIED.get(where.split(".")[0], set()) if "." not in where else set()
-    positional_slots = 1 if where in ("dataset", "optimizer", "lr_scheduler") else 0
+    # A top-level section, or an item of a list section (dataset[i] of a ConcatDataset), gets the
+    # arguments the recipe passes; nested components do not.
+    section = where.split("[")[0] if "." not in where else None
+    supplied = _RECIPE_SUPPLIED.get(section, set())
+    positional_slots = 1 if section in ("dataset", "optimizer", "lr_scheduler") else 0
     missing = []
     for i, (name, p) in enumerate(params.items()):
         if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.default is not p.empty:
