@@ -220,8 +220,18 @@ def test_stamps_name_the_job_folder_so_a_copy_keeps_its_stages(tmp_path, capsys)
     # a stamp of an older version (absolute paths) still counts where it was made
     old = tmp_path / "cv_b" / "fold1" / "runs" / "lora" / STAGE_STAMP
     cmd = json.loads(old.read_text())["command"]
-    old.write_text(json.dumps({"command": [c.replace("{job}", str(tmp_path / "cv_b")) for c in cmd]}))
+    old.write_text(json.dumps({"command": [c.replace("{job}", str(tmp_path / "cv_b")) for c in cmd], "wall_s": 7.0}))
+    shutil.copytree(tmp_path / "cv_b", tmp_path / "cv_c")
     assert stage(tmp_path / "cv_b") is False
+    # ... and in a copy of its job (the folder it was made in read from its output_dir), where
+    # keeping it rewrites it job-relative, its wall time kept
+    assert stage(tmp_path / "cv_c") is False
+    upgraded = json.loads((tmp_path / "cv_c" / "fold1" / "runs" / "lora" / STAGE_STAMP).read_text())
+    assert upgraded == {"command": cmd, "wall_s": 7.0}
+    # an old stamp naming another run's output_dir is not this run's
+    other = [c.replace("{job}/fold1", str(tmp_path / "cv_b") + "/fold2") for c in cmd]
+    old.write_text(json.dumps({"command": other}))
+    assert stage(tmp_path / "cv_b") is True
     # another data folder is another setting
     data = tmp_path / "data2"
     assert stage(tmp_path / "cv_b") is True

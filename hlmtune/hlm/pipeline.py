@@ -155,6 +155,27 @@ def portable(values: Sequence[str], root: Optional[Path]) -> List[str]:
     return [at.sub(lambda _: JOB_ROOT, v) for v in values]
 
 
+def _stamped_root(command: Sequence[str], run_dir: Path, root: Optional[Path]) -> Optional[str]:
+    """The job folder an older stamp (absolute paths) was made in, read from its ``output_dir=``.
+
+    A stamp written before stamps were job-relative names the folder it was made in; copied with
+    its job (``cp -r cv cv_b``), its ``output_dir`` is that folder plus this run's place in the
+    job. None when the stamp has no such entry or ``run_dir`` is not inside ``root``.
+    """
+    if root is None:
+        return None
+    try:
+        inside = run_dir.relative_to(root).as_posix()
+    except ValueError:
+        return None
+    for value in command:
+        if value.startswith("output_dir="):
+            out = value[len("output_dir="):].rstrip("/")
+            if out.endswith("/" + inside) and len(out) > len(inside) + 1:
+                return out[: -len(inside) - 1]
+    return None
+
+
 def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[str, str], what: str,
                  cmd: List[str], root: Optional[Path] = None) -> Tuple[Optional[float], bool]:
     """Run one training stage unless it finished before with the same command.
@@ -165,7 +186,8 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
     the old model. The stamp also records the stage's wall time, so a kept stage still reports
     what it cost when it ran (not the zero seconds of keeping it). Paths inside the job folder
     ``root`` are stamped relative to it (:func:`portable`), so a copied or moved job keeps the
-    stage; a stamp of an older version with absolute paths still counts where it was made.
+    stage; a stamp of an older version with absolute paths counts where it was made and in a copy
+    of its job (its job folder read from its own ``output_dir``), and is rewritten job-relative.
 
     Returns:
         Tuple[Optional[float], bool]: (wall time of the training in s, measured now or recorded when
@@ -179,7 +201,16 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
     settings = cmd[1:]  # the interpreter's path is not a setting
     stamped = portable(settings, root)
     before = json.loads(stamp.read_text()) if stamp.exists() else {}
-    if not force and done.exists() and before.get("command") in (stamped, settings):
+    was = before.get("command")
+    if was is not None and was != stamped:
+        # an older stamp with absolute paths: compared as if it had been job-relative, so that it
+        # counts where it was made and in a copy of its job; kept, it is rewritten job-relative
+        made_in = _stamped_root(was, run_dir, root)
+        if made_in is not None and portable(was, Path(made_in)) == stamped:
+            was = stamped
+    if not force and done.exists() and was in (stamped, settings):
+        if before.get("command") != stamped and root is not None:
+            atomic_write_text(stamp, json.dumps({**before, "command": stamped}, indent=1) + "\n")
         _say(f"{name}: finished before, kept ({run_dir}; --force redoes it)")
         return before.get("wall_s"), False
     if done.exists() and not force:
