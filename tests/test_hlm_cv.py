@@ -188,6 +188,7 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     env.pop("HLM_DATA", None)
     cmd = [HLMTUNE, "cv", "--out", str(out), "--source", "synthetic", "--folds", "2", "--pretrain-steps", "4",
            "--finetune-examples", "64", "--nproc", "1", "--max-eval", "150", "model.lora_rank=4",
+           "dataset.num_examples=48",
            "--calibrate-classes", "N", "S", "V"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -200,6 +201,9 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert sorted(r["record"] for r in manifest["records"]) == sorted(ds1["DS1"])
     doc = json.loads((out / "cv_metrics.json").read_text())
     assert doc["n_folds"] == 2 and [r["held_out"] for r in doc["folds"]] == folds  # each fold's row is kept
+    # the fine-tunes drew the override's 48 examples (it follows --finetune-examples on their command line)
+    assert doc["finetune_examples"] == 48 and "48 fine-tuning examples per fold" in (out / "report.md").read_text()
+    assert "on 48 DS1 examples" in proc.stderr
     assert all(set(r["per_class"]) == set(doc["classes"]) for r in doc["folds"])
     truths, lps = [], []
     for k, held in enumerate(folds, start=1):

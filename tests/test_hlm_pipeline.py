@@ -237,6 +237,17 @@ def test_stamps_name_the_job_folder_so_a_copy_keeps_its_stages(tmp_path, capsys)
     assert stage(tmp_path / "cv_b") is True
 
 
+def test_the_examples_a_fine_tune_draws_are_the_last_override_s():
+    """A dataset.num_examples override follows --finetune-examples on the command line, so it wins."""
+    from hlmtune.hlm.pipeline import examples_trained
+
+    assert examples_trained(24000, []) == 24000
+    assert examples_trained(24000, ["model.lora_rank=4", "dataset.num_examples=36000"]) == 36000
+    assert examples_trained(24000, ["dataset.num_examples=100", "dataset.num_examples = 200"]) == 200
+    assert examples_trained(24000, ["dataset.num_examples_x=5", "num_examples=7"]) == 24000
+    assert examples_trained(24000, ["dataset.num_examples=many"]) == 24000
+
+
 def test_pretrain_config_runs_as_long_as_the_main_job():
     """configs/ecg_pretrain.yaml, run by hand, pretrains as long as `hlmtune demo` / `hlmtune cv` do."""
     import yaml

@@ -368,9 +368,10 @@ def run_cv(
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1
     from hlmtune.hlm import calibrate
     from hlmtune.hlm.evaluate import RECORD_TABLE_LEGEND, class_table, headline, per_record, record_table
-    from hlmtune.hlm.pipeline import SYNTHETIC_MARK, find_data, run_pipeline
+    from hlmtune.hlm.pipeline import SYNTHETIC_MARK, examples_trained, find_data, run_pipeline
 
     _check_overrides(finetune_overrides)
+    examples = examples_trained(finetune_examples, finetune_overrides)  # what the fine-tunes draw, for the report
     from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
 
     if calibrate_classes and not set(calibrate_classes) <= set(AAMI_CLASSES):
@@ -434,7 +435,7 @@ def run_cv(
     summary = {
         # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
         "n_folds": folds, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
-        "finetune_examples": finetune_examples, "model": model,
+        "finetune_examples": examples, "model": model,
         "finetune_overrides": list(finetune_overrides),
         "calibrate_classes": list(calibrate_classes) if calibrate_classes else list(classes),
         "cv_macro_f1_uncalibrated": pooled["macro_f1"],
@@ -463,7 +464,7 @@ def run_cv(
         "a model that never saw its patient. DS2 was not read. Not comparable to DS1 -> DS2 figures or the "
         "published DS2 baselines.**",
         "",
-        f"# HLM cross-validation: `{model}`, {finetune_examples} fine-tuning examples per fold"
+        f"# HLM cross-validation: `{model}`, {examples} fine-tuning examples per fold"
         + (f", {seeds} seeds per fold (ensemble)" if seeds > 1 else "")
         + (f" from {pretrainings} pretrainings" if pretrainings > 1 else "")
         + (f", pretraining seed {pretrain_seed}" + (f"-{pretrain_seed + pretrainings - 1}" if pretrainings > 1 else "")

@@ -176,6 +176,22 @@ def _stamped_root(command: Sequence[str], run_dir: Path, root: Optional[Path]) -
     return None
 
 
+def examples_trained(finetune_examples: int, finetune_overrides: Sequence[str]) -> int:
+    """The examples a fine-tune draws: a ``dataset.num_examples=`` override wins over the flag.
+
+    The override comes after ``--finetune-examples``'s own setting on the fine-tune's command line,
+    so the recipe reads the override; messages and reports must name that number too.
+    """
+    for kv in reversed(list(finetune_overrides)):
+        key, _, value = kv.partition("=")
+        if key.strip() == "dataset.num_examples":
+            try:
+                return int(value)
+            except ValueError:
+                return finetune_examples  # not a number: the recipe's own validation names it
+    return finetune_examples
+
+
 def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[str, str], what: str,
                  cmd: List[str], root: Optional[Path] = None) -> Tuple[Optional[float], bool]:
     """Run one training stage unless it finished before with the same command.
@@ -508,7 +524,7 @@ def run_pipeline(
         took, ran = _train_stage(
             "fine-tune" + (f" (seed {k})" if k else ""), run, run / "epoch_0" / "model-00001-of-00001.bin",
             force or pre_redone[src], env,
-            f"LoRA fine-tuning for beat classes on {finetune_examples} DS1 examples"
+            f"LoRA fine-tuning for beat classes on {examples_trained(finetune_examples, finetune_overrides)} DS1 examples"
             + (f", seed {k} ({k + 1} of {seeds})" if seeds > 1 else ""),
             _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
                        [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pres[src]}",
