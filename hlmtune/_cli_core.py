@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="example: hlmtune validate --config llama3_8b_qlora_samsum batch_size=2 dtype=fp32",
     )
-    p.add_argument("recipe", nargs="?", help="pack recipe or recipe file (default: the recipe a pack config is for)")
+    p.add_argument("recipe", nargs="?", help="pack recipe or recipe file (default: the recipe a pack config is for, or the one the launch command in a copy's header names)")
     p.add_argument("--config", required=True, help="pack config name or YAML path")
     p.add_argument("--check-paths", action="store_true",
                    help="also check what `hlmtune run` checks before launch: every input path the config names "
@@ -172,6 +172,23 @@ def _cmd_cp(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- run
+
+def _header_hint(argv: List[str]) -> str:
+    """"; its header launches it with <recipe>" for the --config of ``argv``, when it says so."""
+    from hlmtune.registry import recipe_in_header, resolve_config
+
+    for k, word in enumerate(argv):
+        value = argv[k + 1] if word == "--config" and k + 1 < len(argv) else (
+            word.split("=", 1)[1] if word.startswith("--config=") else None)
+        if value:
+            try:
+                recipe = recipe_in_header(resolve_config(value))
+            except (FileNotFoundError, ValueError):
+                return ""
+            return f"; {value}'s header launches it with {recipe}" if recipe else ""
+    return ""
+
+
 def split_run_args(argv: List[str]):
     """Split ``hlmtune run`` arguments into torchrun flags, recipe and recipe args.
 
@@ -191,7 +208,8 @@ def split_run_args(argv: List[str]):
     def error(message: str) -> None:  # argparse would print torchrun's whole usage page and exit
         # No recipe: torchrun's parser then meets --config among its own options, or no script.
         if "--config" in message or "training_script" in message:
-            raise ValueError(f"name the recipe before --config: {_RUN_USAGE} (recipes: `hlmtune ls`)")
+            raise ValueError(f"name the recipe before --config: {_RUN_USAGE} (recipes: `hlmtune ls`)"
+                             + _header_hint(argv))
         raise ValueError(f"{message} (usage: {_RUN_USAGE}; torchrun options: `torchrun --help`)")
 
     parser.error = error  # type: ignore[method-assign]
@@ -379,7 +397,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from hlmtune._compat import load_config
     from hlmtune.launch import PreLaunchError
     from hlmtune.preflight import env_problems, preflight
-    from hlmtune.registry import RECIPES, recipe_for_config, resolve_config, resolve_recipe
+    from hlmtune.registry import RECIPES, recipe_for_config, recipe_in_header, resolve_config, resolve_recipe
     from hlmtune.training.schema import ConfigError, build_model_on_meta, config_warnings, validate_config
 
     try:
@@ -397,6 +415,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     args.recipe = names[0] if names else None
     args.overrides = [w for w in words if w not in names]
     recipe = args.recipe or recipe_for_config(args.config)
+    if recipe is None:
+        recipe = recipe_in_header(path)  # a copy under another name keeps its header's launch command
+        if recipe is not None:
+            print(f"hlmtune validate: recipe {recipe}, named by the launch command in {args.config}'s header "
+                  "(name another: hlmtune validate <recipe> --config ...)", file=sys.stderr)
     if recipe is None:
         print(f"hlmtune validate: name the recipe for {args.config}: hlmtune validate <recipe> --config ... (recipes: {', '.join(RECIPES)})", file=sys.stderr)
         return 2

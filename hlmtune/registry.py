@@ -107,6 +107,34 @@ def recipe_for_config(name: str) -> Optional[str]:
     return CONFIGS.get(stem)
 
 
+def recipe_in_header(path: Path) -> Optional[str]:
+    """The pack recipe a config's header launches it with, or None.
+
+    Every pack config opens with comment lines naming its launch command (``hlmtune run ...
+    lora_finetune_distributed --config ecg_lora``), and a copy (``hlmtune cp``) keeps them, so a
+    copy under another name still says which recipe it is for. Only the leading comment block is
+    read, and only a single recipe counts: a header naming two is ambiguous.
+
+    Args:
+        path (Path): a YAML config.
+
+    Returns:
+        Optional[str]: the one pack recipe the header's ``hlmtune run`` lines name, else None.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    named = set()
+    for line in lines:
+        if line.strip() and not line.lstrip().startswith("#"):
+            break  # the header ends at the first setting
+        words = line.lstrip("# \t").split()
+        if words[:2] == ["hlmtune", "run"]:
+            named.update(w for w in words[2:] if w in RECIPES)
+    return named.pop() if len(named) == 1 else None
+
+
 def resolve_recipe(name: str) -> ResolvedRecipe:
     """Pack recipe name, then a ``.py`` path, then a torchtune built-in recipe name.
 

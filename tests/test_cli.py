@@ -115,6 +115,15 @@ def test_validate_cli(monkeypatch, tmp_path, capsys):
     assert "did you mean 'data_loader.num_workers'" in capsys.readouterr().err
     assert main(["validate", "--config", "tiny_lora", "--check-paths", f"model_dir={tmp_path}"]) == 2
     assert "tokenizer.path" in capsys.readouterr().err
+    # a copy under another name (`hlmtune cp tiny_lora my_run.yaml`): its header names the recipe
+    copy = tmp_path / "my_run.yaml"
+    copy.write_text((Path(__file__).resolve().parents[1] / "configs" / "tiny_lora.yaml").read_text())
+    assert main(["validate", "--config", str(copy)]) == 0
+    out, err = capsys.readouterr()
+    assert "valid for lora_finetune_distributed" in out and "named by the launch command" in err
+    copy.write_text("seed: 0\n")  # no header: the recipe must be named
+    assert main(["validate", "--config", str(copy)]) == 2
+    assert "name the recipe for" in capsys.readouterr().err
 
 
 def test_validate_an_ecg_config_before_its_tokens_exist(tmp_path, capsys):
@@ -188,6 +197,11 @@ def test_run_names_a_bad_count_a_missing_recipe_and_a_bare_call(capsys, monkeypa
         assert main(["run", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and err.startswith("hlmtune run: ") and needle in err, err
+    # a copy under another name: its header's launch command is named
+    copy = tmp_path / "my_run.yaml"
+    copy.write_text((Path(__file__).resolve().parents[1] / "configs" / "tiny_lora.yaml").read_text())
+    assert main(["run", "--config", str(copy)]) == 2
+    assert f"{copy}'s header launches it with lora_finetune_distributed" in capsys.readouterr().err
     assert main(["run"]) == 2  # bare: the help, on stderr, as an error
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("usage: hlmtune run")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hlmtune.registry import CONFIGS, RECIPES, configs_dir, recipe_for_config, recipes_dir, resolve_config, resolve_recipe
+from hlmtune.registry import (CONFIGS, RECIPES, configs_dir, recipe_for_config, recipe_in_header, recipes_dir, resolve_config,
+                              resolve_recipe)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,3 +48,23 @@ def test_config_resolution(tmp_path):
     assert recipe_for_config("tiny_qat") == "qat_distributed"
     assert recipe_for_config("/some/where/tiny_qat.yaml") == "qat_distributed"
     assert set(CONFIGS.values()) <= set(RECIPES)
+
+
+def test_a_config_header_names_the_recipe_it_is_for(tmp_path):
+    """Every shipped header launches its config with the recipe the registry maps it to; a copy keeps it."""
+    for name, recipe in CONFIGS.items():
+        assert recipe_in_header(configs_dir() / f"{name}.yaml") == recipe, name
+    text = (configs_dir() / "ecg_lora.yaml").read_text()
+    copy = tmp_path / "my_run.yaml"
+    copy.write_text(text)
+    assert recipe_in_header(copy) == "lora_finetune_distributed"
+    # two recipes named: ambiguous
+    copy.write_text("# hlmtune run qat_distributed --config x\n" + text)
+    assert recipe_in_header(copy) is None
+    # only the leading comment block counts
+    copy.write_text("seed: 0\n# hlmtune run qat_distributed --config x\n")
+    assert recipe_in_header(copy) is None
+    # a torchtune launch line or an unknown name is not a pack recipe
+    copy.write_text("#   tune run lora_finetune_distributed --config x\n# hlmtune run my_recipe --config x\nseed: 0\n")
+    assert recipe_in_header(copy) is None
+    assert recipe_in_header(tmp_path / "absent.yaml") is None
