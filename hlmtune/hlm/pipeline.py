@@ -517,6 +517,7 @@ def run_pipeline(
     ft_s: List[Optional[float]] = []  # wall time of each fine-tune (recorded, for a kept one)
     ft_redone: List[bool] = []
     retrained = any(pre_redone)
+    examples = examples_trained(finetune_examples, finetune_overrides)  # what each fine-tune draws, for its message
     for k, run in enumerate(fts):
         # Seed 0 keeps the config's own seeds (the single-model run is unchanged by --seeds).
         seed = [f"seed={k}", f"dataset.seed={k}"] if k else []
@@ -524,7 +525,7 @@ def run_pipeline(
         took, ran = _train_stage(
             "fine-tune" + (f" (seed {k})" if k else ""), run, run / "epoch_0" / "model-00001-of-00001.bin",
             force or pre_redone[src], env,
-            f"LoRA fine-tuning for beat classes on {examples_trained(finetune_examples, finetune_overrides)} DS1 examples"
+            f"LoRA fine-tuning for beat classes on {examples} DS1 examples"
             + (f", seed {k} ({k + 1} of {seeds})" if seeds > 1 else ""),
             _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
                        [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pres[src]}",
