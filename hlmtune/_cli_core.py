@@ -10,7 +10,7 @@ import sys
 import textwrap
 import traceback
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from hlmtune._proc import LAUNCHER_PID_ENV
 
@@ -173,20 +173,39 @@ def _cmd_cp(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- run
 
+def config_arg(args: List[str]) -> Optional[Tuple[int, str]]:
+    """Where the config is named in a command line: ``--config X`` or ``--config=X``.
+
+    Both spellings are what argparse (and so torchtune's ``config.parse``) accepts.
+
+    Args:
+        args (List[str]): command-line words.
+
+    Returns:
+        Optional[Tuple[int, str]]: (index of the ``--config`` word, the value), or None when
+        there is no ``--config`` with a value.
+    """
+    for k, word in enumerate(args):
+        if word == "--config":
+            return (k, args[k + 1]) if k + 1 < len(args) else None
+        if word.startswith("--config="):
+            return k, word.split("=", 1)[1]
+    return None
+
+
 def _header_hint(argv: List[str]) -> str:
     """"; its header launches it with <recipe>" for the --config of ``argv``, when it says so."""
     from hlmtune.registry import recipe_in_header, resolve_config
 
-    for k, word in enumerate(argv):
-        value = argv[k + 1] if word == "--config" and k + 1 < len(argv) else (
-            word.split("=", 1)[1] if word.startswith("--config=") else None)
-        if value:
-            try:
-                recipe = recipe_in_header(resolve_config(value))
-            except (FileNotFoundError, ValueError):
-                return ""
-            return f"; {value}'s header launches it with {recipe}" if recipe else ""
-    return ""
+    found = config_arg(argv)
+    if found is None or not found[1]:
+        return ""
+    value = found[1]
+    try:
+        recipe = recipe_in_header(resolve_config(value))
+    except (FileNotFoundError, ValueError):
+        return ""
+    return f"; {value}'s header launches it with {recipe}" if recipe else ""
 
 
 def split_run_args(argv: List[str]):
@@ -232,7 +251,8 @@ def run_cli(argv: List[str]) -> int:
             return 2
         print(_run_help())
         return 0
-    debug = "--debug" in argv[: argv.index("--config") if "--config" in argv else len(argv)]
+    found = config_arg(argv)
+    debug = "--debug" in argv[: found[0] if found else len(argv)]
     if debug:  # an hlmtune flag before the recipe's arguments, not torchrun's
         argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i == argv.index("--debug"))]
     return run_command(argv, debug=debug)
@@ -306,9 +326,12 @@ def plan_run(argv: List[str]):
 
     torchrun_args, recipe_name, rest, ns = split_run_args(argv)
     _check_process_counts(ns)
-    if "--config" not in rest or rest.index("--config") == len(rest) - 1:
+    found = config_arg(rest)
+    if found is None or not found[1]:
         raise ValueError("the --config argument is required: hlmtune run <recipe> --config <config> [key=value ...]")
-    i = rest.index("--config") + 1
+    k = found[0]
+    rest[k:k + (1 if rest[k] != "--config" else 2)] = ["--config", found[1]]  # --config=X: one spelling below
+    i = k + 1
     recipe = resolve_recipe(recipe_name)
     cfg_path = resolve_config(rest[i])
     rest[i] = str(cfg_path)

@@ -63,6 +63,8 @@ def test_build_run_command_pack_recipe(tiny_model, text_data_dir):
     single = build_run_command(["lora_finetune_distributed", "--config", "tiny_lora", *paths, "batch_size=2"])
     assert single[1:3] == ["-m", "hlmtune.recipes.lora_finetune_distributed"]
     assert single[4].endswith("tiny_lora.yaml") and single[-1] == "batch_size=2"
+    # argparse's other spelling, which torchtune's config.parse accepts too
+    assert build_run_command(["lora_finetune_distributed", "--config=tiny_lora", *paths, "batch_size=2"]) == single
     multi = build_run_command(["--nproc_per_node", "2", "lora_finetune_distributed", "--config", "tiny_lora", *paths])
     assert multi[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in multi  # as tune run: no rendezvous endpoint -> standalone
@@ -202,6 +204,10 @@ def test_run_names_a_bad_count_a_missing_recipe_and_a_bare_call(capsys, monkeypa
     copy.write_text((Path(__file__).resolve().parents[1] / "configs" / "tiny_lora.yaml").read_text())
     assert main(["run", "--config", str(copy)]) == 2
     assert f"{copy}'s header launches it with lora_finetune_distributed" in capsys.readouterr().err
+    assert main(["run", f"--config={copy}"]) == 2
+    assert f"{copy}'s header launches it with lora_finetune_distributed" in capsys.readouterr().err
+    assert main(["run", "lora_finetune_distributed", "--config="]) == 2  # a name, not an empty one
+    assert "--config argument is required" in capsys.readouterr().err
     assert main(["run"]) == 2  # bare: the help, on stderr, as an error
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("usage: hlmtune run")

@@ -77,6 +77,24 @@ def test_failing_config_names_task_axis_and_closest_key(capsys, tmp_path):
     assert not (tmp_path / "runs").exists(), "nothing written when a task fails validation"
 
 
+def test_a_copied_config_keeps_its_recipe_and_a_bare_one_must_name_it(capsys, tmp_path):
+    """A copy under another name sweeps with the recipe its header launches; a config without
+    such a header is one line asking for `recipe:`."""
+    src = Path(__file__).resolve().parents[1] / "configs" / "tiny_lora.yaml"
+    copy = tmp_path / "my_tiny.yaml"
+    copy.write_text(src.read_text())
+    rc, out, err = _run(capsys, "sweep", str(_tiny(tmp_path, config=str(copy))), "--dry-run")
+    assert rc == 0, err
+    assert {t["recipe"] for t in _manifest(out)["tasks"]} == {"lora_finetune_distributed"}
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("\n".join(line for line in src.read_text().splitlines() if not line.startswith("#")))
+    rc, _, err = _run(capsys, "sweep", str(_tiny(tmp_path, config=str(bare))), "--dry-run")
+    assert rc == 2 and "header names no `hlmtune run <recipe>`" in err and "recipe:" in err
+    rc, out, err = _run(capsys, "sweep", str(_tiny(tmp_path, config=str(bare), recipe="lora_finetune_distributed")),
+                        "--dry-run")
+    assert rc == 0, err
+
+
 def test_gpu_mismatch_and_bad_flags(capsys, tmp_path):
     rc, _, err = _run(capsys, "sweep", str(_tiny(tmp_path, node={"gpus": 4})), "--dry-run")
     assert rc == 2 and "device=cpu but would request 1 GPU(s)" in err

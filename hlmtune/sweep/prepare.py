@@ -163,12 +163,16 @@ def task_config(grid: Grid, task: Task, cfg_path: Path, run_dir: Path):
 
 
 def _recipe_for(grid: Grid, task: Task, cfg_path: Path) -> str:
-    from hlmtune.registry import recipe_for_config
+    from hlmtune.registry import recipe_for_config, recipe_in_header
 
-    recipe = task.recipe or recipe_for_config(task.config) or recipe_for_config(cfg_path.name)
+    # A copy of a pack config (`hlmtune cp ecg_lora my_ecg.yaml`) keeps the header's launch
+    # command, so it names its recipe as `hlmtune validate` reads it.
+    recipe = (task.recipe or recipe_for_config(task.config) or recipe_for_config(cfg_path.name)
+              or recipe_in_header(cfg_path))
     if recipe is None:
-        raise SweepError(f"{grid.path}: {task.describe()}: config {task.config} is not a pack config: "
-                         "name its recipe with `recipe:` (top level or per axis value)")
+        raise SweepError(f"{grid.path}: {task.describe()}: config {task.config} is not a pack config and its "
+                         "header names no `hlmtune run <recipe>`: name its recipe with `recipe:` (top level or "
+                         "per axis value)")
     if recipe.endswith(".py") and not Path(recipe).is_absolute() and (grid.path.parent / recipe).is_file():
         recipe = str((grid.path.parent / recipe).resolve())
     return recipe
