@@ -241,6 +241,12 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert sum(v["n"] for v in by_rec.values()) == 300
     assert np.sum([v["confusion"] for v in by_rec.values()], axis=0).tolist() == doc["pooled"]["confusion"]
     assert "## Per record (pooled, uncalibrated)" in report and f"| {next(iter(by_rec))} |" in report
+    # by timing, pooled: each fold's beats under their own ratio, adding up to the pooled confusion
+    ratios = np.concatenate([np.load(out / f"fold{k}" / "report" / "predictions.npz")["rr_ratio"] for k in (1, 2)])
+    timing = doc["pooled"]["by_timing"]
+    assert timing["premature"]["n"] == int((ratios < 0.8).sum()) > 0
+    assert np.sum([v["confusion"] for v in timing.values()], axis=0).tolist() == doc["pooled"]["confusion"]
+    assert "## By the target beat's timing (pooled, uncalibrated)" in report
     # a rerun in a copy of the job (the original gone) keeps every fold, its evaluation included,
     # and reads the copy's own records
     copy = tmp_path / "cv_b"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from hlmtune.hlm import evaluate as ev
@@ -119,6 +121,75 @@ def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
     assert kind == "beat" and train == list(info["train"]) and len(ds) == len(want) > 0
     assert all(ds.prompt(k) == want.prompt(k) for k in range(0, len(ds), 11))
     assert len(ds.prompt(len(ds) - 1)) == 1 + 5 + 2 + 64 + 2  # bos, 5 RR, <sep> rr, 64 samples, rr <beat?>
+
+
+def test_target_rr_ratio_is_the_beats_interval_over_its_running_median(tmp_path):
+    """The ratio read back from each test prompt's RR token matches the beat table's intervals
+    over a running median computed here by plain loops (to the width of one RR bin)."""
+    import statistics
+
+    from omegaconf import OmegaConf
+
+    from hlm_fixtures import make_shards
+    from hlmtune.data_builders.ecg import NORMAL_RR_S
+    from hlmtune.ecg_tokenizer.vocab import SEP_ID
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+    from hlmtune.ecg_tokenizer.vocab import rr_edges
+
+    info = make_shards(tmp_path)
+    tk = ECGTokenizer(manifest_path=str(info["shards"]), max_seq_len=1024)
+    median_beats = 32
+    cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
+                                        "shards_dir": str(info["shards"]), "split_file": str(info["split_file"]),
+                                        "context_beats": 4, "normalized_rr": median_beats, "beat_samples": 64}})
+    _, ds, _, _ = ev._test_dataset(cfg, tk, "DS2")
+    ks = list(range(0, len(ds), 7))
+    got = ev.target_rr_ratio([ds.prompt(k) for k in ks], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
+    edges = rr_edges(ds.vocab.params)
+    half_bin = (edges[1] - edges[0]) / 2 / NORMAL_RR_S
+    lo, hi = edges[0] / NORMAL_RR_S, edges[-1] / NORMAL_RR_S
+    checked = 0
+    for k, ratio in zip(ks, got):
+        e = int(ds.index[k])
+        rr = [float(x) for x in ds.beats.tables[int(ds.rec[e])]["rr"]]
+        j = int(ds.beat[e])
+        if rr[j] <= 0:
+            assert math.isnan(ratio)
+            continue
+        known = [x for x in rr[max(0, j - median_beats + 1): j + 1] if x > 0]
+        want = min(max(rr[j] / statistics.median(known), lo), hi)  # the end bins hold everything beyond
+        assert abs(ratio - want) <= half_bin + 1e-9, (k, ratio, want)
+        checked += 1
+    assert checked > 50
+    with pytest.raises(ValueError, match="test prompt 0: 0 <sep> tokens"):
+        ev.target_rr_ratio([[1, 2, 4]], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
+    with pytest.raises(ValueError, match="test prompt 1: ends at its <sep>"):
+        ev.target_rr_ratio([ds.prompt(0), [1, SEP_ID]], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
+    with pytest.raises(ValueError, match="token 1 after <sep> is not an RR token"):
+        ev.target_rr_ratio([[SEP_ID, 1]], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
+
+
+def test_by_timing_splits_beats_at_the_premature_ratio():
+    """Hand-counted buckets: below 0.8 premature, 0.8 and above on time, NaN unknown."""
+    nan = float("nan")
+    classes = ["N", "S", "V"]
+    truth = [0, 1, 1, 1, 0, 2, 1, 0]
+    pred = [1, 1, 0, 0, 0, 2, 1, 0]
+    ratio = [0.5, 0.6, 0.79, 0.8, 1.0, 0.7, nan, 1.2]
+    got = ev.by_timing(truth, pred, ratio, classes)
+    assert list(got) == ["premature", "on_time", "unknown"]
+    pre, on, unk = got["premature"], got["on_time"], got["unknown"]
+    # premature: beats 0 (N called S), 1 (S found), 2 (S called N), 5 (V found)
+    assert pre["n"] == 4 and pre["confusion"] == [[0, 1, 0], [1, 1, 0], [0, 0, 1]]
+    # on time: beats 3 (S at exactly 0.8, called N), 4 and 7 (N found)
+    assert on["n"] == 3 and on["confusion"] == [[2, 0, 0], [1, 0, 0], [0, 0, 0]]
+    assert unk["n"] == 1 and unk["per_class"]["S"]["tp"] == 1
+    table = ev.timing_table({"by_timing": got}, classes)
+    assert "| premature (RR < 0.8 x running median) | 4 | 0 / 1 (+1) | 1 / 2 (+1) | 1 / 1 |" in table
+    assert "| on time (>= 0.8) | 3 | 2 / 2 (+1) | 0 / 1 | 0 / 0 |" in table
+    assert list(ev.by_timing([0], [0], [1.0], classes)) == ["on_time"]  # empty buckets are left out
+    with pytest.raises(ValueError, match="2 ratios"):
+        ev.by_timing([0], [0], [1.0, 1.0], classes)
 
 
 def test_class_table_rows_follow_the_class_order_not_the_json_key_order():

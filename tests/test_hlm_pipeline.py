@@ -59,6 +59,9 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     rows = [x.split("|") for x in text.splitlines() if x.startswith("| ") and x.split("|")[1].strip() in head["per_record"]]
     assert sorted(r[1].strip() for r in rows) == sorted(head["per_record"])
     assert sum(int(r[2]) for r in rows) == m["n_examples"]
+    timing = head["by_timing"]  # the demo's inputs read normalized RR tokens
+    assert sum(v["n"] for v in timing.values()) == m["n_examples"]
+    assert f"## By the target beat's timing: {m['result']}" in text and "| on time (>= 0.8) |" in text
     # an evaluation stamped by an older format (here: before predictions.npz named each beat's
     # record, the stamp had no "format") is redone on rerun; the trained models are kept
     import numpy as np

@@ -109,6 +109,14 @@ def test_lora_learns_classes_and_eval_has_every_field(shards, lora_run, tmp_path
     assert {str(x): int((saved["record"] == x).sum()) for x in set(saved["record"].tolist())} == \
         {rec: v["n"] for rec, v in by_rec.items()}
     assert "## Per record: HLM (this run)" in report and f"| {next(iter(by_rec))} |" in report
+    # by the target beat's timing (ecg_lora reads normalized RR tokens): buckets add up to the
+    # whole, and predictions.npz keeps each beat's ratio
+    timing = r["by_timing"]
+    assert set(timing) <= {"premature", "on_time", "unknown"} and "on_time" in timing
+    assert np.sum([v["confusion"] for v in timing.values()], axis=0).tolist() == r["confusion"]
+    ratio = saved["rr_ratio"]
+    assert ratio.shape == (64,) and int((ratio < 0.8).sum()) == timing.get("premature", {"n": 0})["n"]
+    assert "## By the target beat's timing: HLM (this run)" in report and "| on time (>= 0.8) |" in report
 
 
 def test_lora_two_ranks(shards, pretrained, tmp_path):

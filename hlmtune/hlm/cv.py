@@ -367,7 +367,10 @@ def run_cv(
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1
     from hlmtune.hlm import calibrate
-    from hlmtune.hlm.evaluate import RECORD_TABLE_LEGEND, class_table, headline, per_record, record_table
+    from hlmtune.hlm.evaluate import (
+        RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, by_timing, class_table, headline, per_record, record_table,
+        timing_table,
+    )
     from hlmtune.hlm.pipeline import SYNTHETIC_MARK, examples_trained, find_data, run_pipeline
 
     _check_overrides(finetune_overrides)
@@ -395,6 +398,7 @@ def run_cv(
     fold_truth: List[np.ndarray] = []
     fold_lp: List[np.ndarray] = []
     fold_records: List[Optional[np.ndarray]] = []  # None: a fold evaluated before predictions.npz named records
+    fold_ratio: List[Optional[np.ndarray]] = []  # each beat's RR / running median; None: not in predictions.npz
     rows: List[Dict[str, Any]] = []
     fold_metrics: List[Dict[str, Any]] = []
     classes: List[str] = []
@@ -413,6 +417,7 @@ def run_cv(
         # the fold's result row: the run, or its seeds' ensemble (never calibrated: cv fits that)
         fold_lp.append(pred["logprobs"][0])
         fold_records.append(pred["record"] if "record" in pred.files else None)
+        fold_ratio.append(pred["rr_ratio"] if "rr_ratio" in pred.files else None)
         metrics = json.loads((report.parent / "metrics.json").read_text())
         fold_metrics.append(metrics)
         r = headline(metrics)
@@ -429,6 +434,9 @@ def run_cv(
         by_record = per_record(np.concatenate(fold_truth).tolist(), np.concatenate(fold_pred).tolist(),
                                np.concatenate(fold_records).tolist(), classes)
         pooled["per_record"] = by_record
+    if all(r is not None for r in fold_ratio):
+        pooled["by_timing"] = by_timing(np.concatenate(fold_truth).tolist(), np.concatenate(fold_pred).tolist(),
+                                        np.concatenate(fold_ratio).astype(float).tolist(), classes)
     nested = _pooled(calibrate.nested_predictions(list(zip(fold_lp, fold_truth)), scored=scored), fold_truth, classes)
     bias = calibrate.fit_class_bias(np.concatenate(fold_lp), np.concatenate(fold_truth), scored=scored)
     fitted = _pooled([calibrate.apply_bias(lp, bias) for lp in fold_lp], fold_truth, classes)
@@ -507,6 +515,8 @@ def run_cv(
         *([RECORD_TABLE_LEGEND, "", record_table(pooled, classes)] if by_record is not None else
           ["Not available: a fold's `predictions.npz` names no records."]),
         "",
+        *(["## By the target beat's timing (pooled, uncalibrated)", "", TIMING_TABLE_LEGEND, "",
+           timing_table(pooled, classes), ""] if "by_timing" in pooled else []),
     ]
     atomic_write_text(out / "report.md", "\n".join(lines))
     return out / "report.md"
@@ -520,7 +530,7 @@ def register(subparsers: Any) -> None:
         description=textwrap.fill(
             "Split the DS1 records into K folds (S and V beats spread evenly), run the main job's stages per fold "
             "(pretrain on the fold's training records, LoRA fine-tune, predict the held-out patients), pool the "
-            "out-of-fold predictions (per fold, pooled and per record), and write report.md, cv_metrics.json and "
+            "out-of-fold predictions (per fold, pooled, per record and by the beat's timing), and write report.md, cv_metrics.json and "
             "calibration.json (a per-class bias "
             "on the class log-probabilities fitted for macro-F1, for `hlmtune eval --calibration`). DS2 is never "
             "read. Fine-tuning overrides after the flags apply to every fold (e.g. dataset.next_rr=False)."

@@ -7,8 +7,9 @@ next token was not a class token is reported too). Batched, no gradient.
 
 Outputs in ``--out`` (default ``<output_dir>/eval``): ``metrics.json`` (every figure below),
 ``confusion.csv`` and ``confusion.png``, ``report.md`` (the table beside the published
-inter-patient baselines, and a per-record table), ``predictions.npz`` (each row's class
-log-probabilities per test beat, with its record). Per class: sensitivity (Se, recall), positive
+inter-patient baselines, a per-record table, and one by the target beat's timing: premature
+or not by its normalized RR token), ``predictions.npz`` (each row's class log-probabilities per
+test beat, with its record and RR ratio). Per class: sensitivity (Se, recall), positive
 predictivity (+P, precision), F1 and support; macro-F1 over the evaluated classes; accuracy;
 the same per record (patient). For the atrial fibrillation task: AF Se, +P, F1.
 
@@ -113,6 +114,86 @@ def per_record(truth: Sequence[int], pred: Sequence[int], records: Sequence[str]
     for r, ks in rows.items():
         m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
         out[r] = {**summarize(m, classes), "confusion": m}
+    return out
+
+
+# A beat whose interval is below this share of the patient's running median RR counts as
+# premature: the cut docs/hlm.md's rule on held-out DS1 records uses ("RR below 0.8 of the running
+# median"), where 84% of DS1's S beats and 2% of its N beats fall (annotations, 256-beat median).
+PREMATURE_RATIO = 0.8
+TIMING_BUCKETS = ("premature", "on_time", "unknown")
+
+
+def target_rr_ratio(prompts: Sequence[Sequence[int]], vocab: Any, *, sep_id: int, normal_rr_s: float) -> List[float]:
+    """The target beat's interval as the model read it: its normalized RR token, as a ratio.
+
+    A beat-classification prompt holds one ``<sep>``, which opens the target beat; the token
+    after it is the beat's RR token. With ``normalized_rr`` that token is the beat's interval
+    relative to the patient's running median, written at ``normal_rr_s``; its bin's midpoint
+    divided by ``normal_rr_s`` gives the ratio back (to the bin's width: 28 ms / 0.8 s with 64 bins).
+
+    Args:
+        prompts (Sequence[Sequence[int]]): token ids of each test prompt.
+        vocab (Vocabulary): the shards' vocabulary (RR bins > 0).
+        sep_id (int): the ``<sep>`` token id.
+        normal_rr_s (float): the interval a ratio of 1 is written at (s).
+
+    Returns:
+        List[float]: per prompt, the ratio; NaN where the interval is unknown (a record's first beat).
+    """
+    import numpy as np
+
+    from hlmtune.ecg_tokenizer.vocab import rr_edges
+
+    edges = rr_edges(vocab.params)
+    mid = (edges[:-1] + edges[1:]) / 2  # (rr_bins,) s
+    out = []
+    for k, prompt in enumerate(prompts):
+        seps = [i for i, t in enumerate(prompt) if t == sep_id]
+        if len(seps) != 1:
+            raise ValueError(f"test prompt {k}: {len(seps)} <sep> tokens, 1 expected (a per-beat classification prompt)")
+        if seps[0] + 1 >= len(prompt):
+            raise ValueError(f"test prompt {k}: ends at its <sep>, before the target beat's RR token")
+        b = int(prompt[seps[0] + 1]) - vocab.rr_base
+        if not 0 <= b <= len(mid):
+            raise ValueError(f"test prompt {k}: token {prompt[seps[0] + 1]} after <sep> is not an RR token")
+        out.append(float(mid[b]) / normal_rr_s if b < len(mid) else float("nan"))
+    return out
+
+
+def _timing(ratio: float, threshold: float) -> str:
+    if math.isnan(ratio):
+        return "unknown"
+    return "premature" if ratio < threshold else "on_time"
+
+
+def by_timing(truth: Sequence[int], pred: Sequence[int], ratio: Sequence[float], classes: Sequence[str],
+              threshold: float = PREMATURE_RATIO) -> Dict[str, Dict[str, Any]]:
+    """:func:`summarize` of the test beats split by their timing: premature, on time, unknown.
+
+    An S beat is by definition a normally conducted beat that comes early; how many of the test
+    S beats do (and how many of those the model finds) says what a classifier that reads the
+    interval can reach on a test set, apart from the waveform.
+
+    Args:
+        truth (Sequence[int]): true class index per test example.
+        pred (Sequence[int]): predicted class index per test example.
+        ratio (Sequence[float]): each example's RR relative to its running median (NaN: unknown).
+        classes (Sequence[str]): class names, in index order.
+        threshold (float): ratios below it are premature.
+
+    Returns:
+        Dict[str, Dict[str, Any]]: per bucket with beats (``premature``: ratio < threshold,
+        ``on_time``, ``unknown``), ``per_class``, ``macro_f1``, ``accuracy``, ``n`` and ``confusion``.
+    """
+    if not len(truth) == len(pred) == len(ratio):
+        raise ValueError(f"by_timing: {len(truth)} truths, {len(pred)} predictions, {len(ratio)} ratios")
+    out: Dict[str, Dict[str, Any]] = {}
+    for bucket in TIMING_BUCKETS:
+        ks = [k for k, x in enumerate(ratio) if _timing(x, threshold) == bucket]
+        if ks:
+            m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
+            out[bucket] = {**summarize(m, classes), "confusion": m}
     return out
 
 
@@ -444,6 +525,25 @@ def record_table(r: Dict[str, Any], classes: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+# How to read timing_table(), for the reports that print one (eval, demo, cv).
+TIMING_TABLE_LEGEND = ("The target beat's RR token as the model read it (its interval relative to the patient's "
+                       "running median RR). An S beat is a normal beat that comes early: S beats that are not "
+                       "premature by this token must be told by their waveform alone. " + RECORD_TABLE_LEGEND)
+
+
+def timing_table(r: Dict[str, Any], classes: Sequence[str], threshold: float = PREMATURE_RATIO) -> str:
+    """Markdown table of a result's ``by_timing`` figures (cells as :func:`record_table`'s)."""
+    names = {"premature": f"premature (RR < {threshold:g} x running median)",
+             "on_time": f"on time (>= {threshold:g})", "unknown": "interval unknown (record start)"}
+    lines = ["| target beat's RR token | beats | " + " | ".join(classes) + " |",
+             "|---|---|" + "---|" * len(classes)]
+    for bucket, v in r["by_timing"].items():
+        cells = [f"{v['per_class'][c]['tp']} / {v['per_class'][c]['support']}"
+                 + (f" (+{v['per_class'][c]['fp']})" if v["per_class"][c]["fp"] else "") for c in classes]
+        lines.append(f"| {names[bucket]} | {v['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title: str) -> None:
     """Row-normalised confusion matrix with counts, as PNG (atomic write)."""
     import matplotlib
@@ -568,6 +668,20 @@ def evaluate(
         classes = ["AF", "not AF"]
         choices = [ds.yes_id, ds.no_id]
         truth = [0 if ds.is_af(k) else 1 for k in range(n)]
+    ratios: Optional[List[float]] = None  # the target beat's RR relative to the patient's rhythm
+    if kind == "beat" and positions is None and getattr(ds, "normalized_rr", False):
+        from hlmtune.data_builders.ecg import NORMAL_RR_S
+        from hlmtune.ecg_tokenizer.vocab import SEP_ID
+
+        ratios = target_rr_ratio(prompts, ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
+
+    def breakdowns(pred: Sequence[int]) -> Dict[str, Any]:
+        """A result row's per-record figures, and per timing of the target beat when known."""
+        out = {"per_record": per_record(truth, pred, records, classes)}
+        if ratios is not None:
+            out["by_timing"] = by_timing(truth, pred, ratios, classes)
+        return out
+
     bias = None
     if calibration is not None:  # checked before any model runs: a bad file fails at once
         from hlmtune.hlm.calibrate import apply_bias, load_calibration
@@ -610,7 +724,7 @@ def evaluate(
         m = confusion_matrix(truth, pred, len(classes))
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off,
-                  "per_record": per_record(truth, pred, records, classes)})
+                  **breakdowns(pred)})
         results[name] = r
         del model
     rows = [lp.numpy() for lp in logprobs]  # per result row, (Q, C): saved in predictions.npz
@@ -621,7 +735,7 @@ def evaluate(
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": [str(w) for _, w, _, _ in models],
                   "off_vocabulary_argmax": None,  # no single LM's free argmax: see the members' rows
-                  "per_record": per_record(truth, pred, records, classes)})
+                  **breakdowns(pred)})
         results = {f"HLM ensemble of {len(models)} runs (mean class log-prob)": r, **results}
         rows = [mean.numpy(), *rows]
     calibrated = None
@@ -631,7 +745,7 @@ def evaluate(
         r = summarize(m, classes)
         r.update({"confusion": m, "classes": classes, "weights": next(iter(results.values()))["weights"],
                   "off_vocabulary_argmax": None, "class_bias": dict(zip(classes, map(float, bias))),
-                  "calibration": str(calibration), "per_record": per_record(truth, pred, records, classes)})
+                  "calibration": str(calibration), **breakdowns(pred)})
         calibrated = f"{next(iter(results))} + class bias fitted on DS1 CV"
         results = {calibrated: r, **results}
         rows = [rows[0] + bias[None, :].astype("float32"), *rows]
@@ -665,7 +779,8 @@ def evaluate(
 
     buf = io.BytesIO()
     np.savez(buf, truth=np.asarray(truth, dtype=np.int64), logprobs=np.stack(rows).astype(np.float32),
-             rows=np.array(list(results)), classes=np.array(classes), record=np.array(records, dtype=str))
+             rows=np.array(list(results)), classes=np.array(classes), record=np.array(records, dtype=str),
+             **({"rr_ratio": np.asarray(ratios, dtype=np.float32)} if ratios is not None else {}))
     atomic_write_bytes(out / "predictions.npz", buf.getvalue())
     metrics["calibration"] = str(calibration) if calibrated else None
     # metrics.json sorts its keys: these two keep the rows' order and name the headline row
@@ -698,6 +813,9 @@ def evaluate(
     md += ["![confusion matrix](confusion.png)", "",
            f"## Per record: {metrics['result']}", "",
            RECORD_TABLE_LEGEND, "", record_table(first, classes), ""]
+    if "by_timing" in first:
+        md += [f"## By the target beat's timing: {metrics['result']}", "", TIMING_TABLE_LEGEND, "",
+               timing_table(first, classes), ""]
     atomic_write_bytes(out / "report.md", "\n".join(md).encode())
     metrics["out_dir"] = str(out)
     return metrics
@@ -715,8 +833,9 @@ def register(subparsers: Any) -> None:
             "Evaluate a trained HLM run: per-class sensitivity, positive predictivity and F1, macro-F1 and "
             "the confusion matrix on the test split, beside the published inter-patient baselines. The LM is "
             "the classifier: its next token after <beat?> is the prediction. Writes metrics.json (with the "
-            "figures of each test record), confusion.csv/.png, predictions.npz and report.md (with a per-record "
-            "table) to --out (default <output_dir>/eval)."
+            "figures of each test record, and by the target beat's timing: premature or not by its normalized RR "
+            "token), confusion.csv/.png, predictions.npz and report.md (with both tables) to --out (default "
+            "<output_dir>/eval)."
         ),
     )
     p.add_argument("--config", required=True,

@@ -48,8 +48,9 @@ SYNTHETIC_MARK = "SYNTHETIC"  # file in a database written by synthetic_database
 PRETRAIN_STEPS = 600
 # Version of what the evaluation stage writes, kept in its stage stamp: an evaluation stamped
 # with an older version (or none) is redone on rerun, the trained models kept. 2: predictions.npz
-# names each test beat's record (the per-record tables of the report and of `hlmtune cv`).
-EVAL_FORMAT = 2
+# names each test beat's record (the per-record tables of the report and of `hlmtune cv`); 3: and
+# each beat's RR relative to the patient's running median (the timing tables).
+EVAL_FORMAT = 3
 
 
 def _say(msg: str) -> None:
@@ -432,8 +433,8 @@ def run_pipeline(
     from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
-    from hlmtune.hlm.evaluate import (RECORD_TABLE_LEGEND, baseline_table, class_table, evaluate, headline,
-                                      load_run_config, ordered_results, record_table)
+    from hlmtune.hlm.evaluate import (RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, baseline_table, class_table, evaluate,
+                                      headline, load_run_config, ordered_results, record_table, timing_table)
     from hlmtune.hlm.model import ARCHS
 
     HLM_TOKENS = TokenizerParams(rr_bins=RR_BINS)
@@ -604,6 +605,8 @@ def run_pipeline(
         "",
         record_table(result, metrics["classes"]),
         "",
+        *([f"## By the target beat's timing: {metrics['result']}", "", TIMING_TABLE_LEGEND, "",
+           timing_table(result, metrics["classes"]), ""] if "by_timing" in result else []),
         "## Training",
         "",
         "| stage | steps | first loss | last loss | median s/it | peak RSS GiB | wall s |",
