@@ -508,6 +508,11 @@ RECORD_TABLE_LEGEND = ("Per class: beats of the class classified as it / beats o
                        "classes classified as it).")
 
 
+def _found_cell(x: Dict[str, Any]) -> str:
+    """``found / beats (+ false)`` of one class (see :data:`RECORD_TABLE_LEGEND`)."""
+    return f"{x['tp']} / {x['support']}" + (f" (+{x['fp']})" if x["fp"] else "")
+
+
 def record_table(r: Dict[str, Any], classes: Sequence[str]) -> str:
     """Markdown table of a result's ``per_record`` figures: per class, found / beats (+ false).
 
@@ -517,10 +522,7 @@ def record_table(r: Dict[str, Any], classes: Sequence[str]) -> str:
     lines = ["| record | beats | " + " | ".join(classes) + " | accuracy % |",
              "|---|---|" + "---|" * len(classes) + "---|"]
     for rec, v in r["per_record"].items():
-        cells = []
-        for c in classes:
-            x = v["per_class"][c]
-            cells.append(f"{x['tp']} / {x['support']}" + (f" (+{x['fp']})" if x["fp"] else ""))
+        cells = [_found_cell(v["per_class"][c]) for c in classes]
         lines.append(f"| {rec} | {v['n']} | " + " | ".join(cells) + f" | {_fmt(v['accuracy'])} |")
     return "\n".join(lines)
 
@@ -538,8 +540,7 @@ def timing_table(r: Dict[str, Any], classes: Sequence[str], threshold: float = P
     lines = ["| target beat's RR token | beats | " + " | ".join(classes) + " |",
              "|---|---|" + "---|" * len(classes)]
     for bucket, v in r["by_timing"].items():
-        cells = [f"{v['per_class'][c]['tp']} / {v['per_class'][c]['support']}"
-                 + (f" (+{v['per_class'][c]['fp']})" if v["per_class"][c]["fp"] else "") for c in classes]
+        cells = [_found_cell(v["per_class"][c]) for c in classes]
         lines.append(f"| {names[bucket]} | {v['n']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
