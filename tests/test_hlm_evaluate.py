@@ -79,6 +79,29 @@ def test_predict_batches_and_compiled_path_agree_with_one_by_one():
     got, _, lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True)
     assert got == ref and lp.shape == (len(prompts), len(choices))
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    _, _, lp_full = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True, fast=False)
+    torch.testing.assert_close(lp_full, ref_lp, rtol=1e-5, atol=1e-5)
+
+
+def test_predict_projects_only_the_query_positions_and_leaves_the_model_as_it_was():
+    """The fast path is taken: the vocabulary projection sees one row per query, not every
+    position; afterwards the model runs torchtune's modules again."""
+    import torch
+
+    from hlmtune.hlm.model import hlm_1m
+
+    torch.manual_seed(0)
+    model = hlm_1m(vocab_size=303).eval()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, 303, (n,), generator=g).tolist() for n in (30, 12, 25)]
+    rows = []
+    hook = model.output.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[:-1].numel()))
+    ev.predict(model, prompts, [4, 5], batch_size=8, desc="t")
+    assert rows == [3]  # one batch, three queries
+    ev.predict(model, prompts, [4, 5], batch_size=8, desc="t", fast=False)
+    assert rows == [3, 3 * 30]  # every position of the padded batch
+    hook.remove()
+    assert not any("forward" in m.__dict__ for m in model.modules())
 
 
 def test_predict_reads_every_query_position_of_a_window():
@@ -90,13 +113,18 @@ def test_predict_reads_every_query_position_of_a_window():
     torch.manual_seed(0)
     model = hlm_1m(vocab_size=303).eval()
     g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in (40, 12, 33, 25, 40)]
-    positions = [[3, 17, 39], [11], [0, 5, 6, 32], [], [39]]
+    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in (40, 12, 33, 25, 40, 21)]
+    positions = [[3, 17, 39], [11], [0, 5, 6, 32], [], [39], [20, 2]]  # the last out of order
     choices = [4, 5, 6, 7]
     with torch.inference_mode():
         ref = [int(model(torch.tensor([p]))[0, q, choices].argmax()) for p, qs in zip(prompts, positions) for q in qs]
-    got, off = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions)
-    assert got == ref and len(got) == 9 and 0 <= off <= 9
+    got, off, lp = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions,
+                              return_logprobs=True)
+    assert got == ref and len(got) == 11 and 0 <= off <= 11
+    with torch.inference_mode():
+        ref_lp = torch.stack([torch.log_softmax(model(torch.tensor([p]))[0, q, choices], -1)
+                              for p, qs in zip(prompts, positions) for q in qs])
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)  # each query's own distribution
     got_c, _ = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions, compile=True)
     assert got_c == ref
 

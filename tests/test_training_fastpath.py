@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hlmtune.training.fastpath import (
-    _prunable_last_layer, causal_sdpa_blocked, gqa_pays, target_logits_applies, target_positions_only, use_addmm_lora,
+    _prunable_last_layer, causal_sdpa_blocked, gqa_pays, inference_fastpath, target_logits_applies,
+    target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear, onednn_linear,
     onednn_linear_pays,
 )
@@ -467,6 +468,33 @@ def test_complex_rope_refuses_an_unbuilt_cache_as_torchtune_does():
     r.is_cache_built = False
     with pytest.raises(RuntimeError, match="rope_init"):
         r(torch.zeros(1, 4, 2, 32))
+
+
+def test_inference_fastpath_gives_torchtunes_logits_and_undoes_itself():
+    """In place SwiGLU + complex RoPE: the same logits without autograd, and with it torchtune's
+    gradients (autograd keeps what the in-place ops need); every patch undone on exit."""
+    from torchtune.modules import FeedForward
+
+    tokens = torch.randint(0, 96, (3, 40), generator=torch.Generator().manual_seed(19))
+    model = _model()
+    with torch.inference_mode():
+        ref = model(tokens)  # (B, T, V), torchtune's modules
+    ref_grads = _loss_and_grads(model, tokens)
+    with inference_fastpath(model) as counts:
+        assert counts == {"rope": 2, "swiglu": 2}  # one of each per layer
+        with torch.inference_mode():
+            got = model(tokens)
+        with torch.no_grad():
+            got_ng = model(tokens)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_ng, ref, rtol=1e-5, atol=1e-5)
+        _assert_same(ref_grads, _loss_and_grads(model, tokens))
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    # a feed-forward without a SiLU gate (or without w3) is not SwiGLU: left to torchtune
+    other = FeedForward(gate_proj=torch.nn.Linear(8, 16), down_proj=torch.nn.Linear(16, 8),
+                        up_proj=torch.nn.Linear(8, 16), activation=torch.nn.GELU())
+    with inference_fastpath(other) as counts:
+        assert counts == {"rope": 0, "swiglu": 0}
 
 
 @needs_onednn

@@ -38,6 +38,9 @@ unmodified modules (tests/test_training_fastpath.py).
   layer reaches the loss; its keys and values still cover every position. Skipped, leaving
   torchtune's layer, where the layer is activation-checkpointed (the recompute would run
   after the block) or compiled, or is not a plain self-attention layer.
+* :func:`inference_fastpath` (``hlmtune eval``; no autograd): the complex RoPE above and the
+  SwiGLU feed-forward with SiLU and the gate product in place (:func:`_swiglu_inference_forward`),
+  two fewer (tokens, hidden) tensors per layer to allocate and fill.
 """
 
 from __future__ import annotations
@@ -639,3 +642,61 @@ def target_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterato
             del model.unembed
         else:
             model.unembed = own
+
+
+def _swiglu_inference_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """torchtune's ``FeedForward.forward`` (``w2(silu(w1 x) * w3 x)``) with the elementwise ops in place.
+
+    ``silu(w1 x)`` and the product overwrite ``w1 x``, a tensor nothing else holds: the same
+    elementwise results, two fewer (tokens, hidden) allocations per call. Meant for inference;
+    under autograd PyTorch keeps what the in-place ops' backward needs, so gradients stay
+    torchtune's (tested), but training gains nothing from it.
+
+    Args:
+        x (torch.Tensor): (..., in_dim).
+
+    Returns:
+        torch.Tensor: (..., out_dim).
+    """
+    h = F.silu(self.w1(x), inplace=True)  # (..., hidden)
+    return self.w2(h.mul_(self.w3(x)))
+
+
+@contextlib.contextmanager
+def inference_fastpath(model: torch.nn.Module) -> Iterator[Dict[str, int]]:
+    """Within the block, ``model``'s RoPE and SwiGLU modules run their inference fast paths.
+
+    RoPE takes :func:`_complex_rope_forward` (as the recipes do), torchtune ``FeedForward``
+    modules with a SiLU gate take :func:`_swiglu_inference_forward`; modules already patched
+    are left alone, and every patch is undone on exit. Eager models only (the caller skips
+    compiled ones: complex tensors are a weak spot of inductor). Measured by
+    ``benchmarks/eval_throughput.py``.
+
+    Args:
+        model (torch.nn.Module): a torchtune model (unwrapped), in eval mode.
+
+    Yields:
+        Dict[str, int]: how many RoPE and feed-forward modules were patched.
+    """
+    from torchtune.models.llama3_1 import Llama3ScaledRoPE
+    from torchtune.modules import FeedForward, RotaryPositionalEmbeddings
+
+    patched = []
+    counts = {"rope": 0, "swiglu": 0}
+    for m in model.modules():
+        if "forward" in m.__dict__:
+            continue
+        if type(m) in (RotaryPositionalEmbeddings, Llama3ScaledRoPE):
+            m.forward = types.MethodType(_complex_rope_forward, m)
+            counts["rope"] += 1
+        elif type(m) is FeedForward and m.w3 is not None and type(m.activation) is torch.nn.SiLU:
+            m.forward = types.MethodType(_swiglu_inference_forward, m)
+            counts["swiglu"] += 1
+        else:
+            continue
+        patched.append(m)
+    try:
+        yield counts
+    finally:
+        for m in patched:
+            del m.forward
