@@ -125,8 +125,10 @@ def test_predict_reads_every_query_position_of_a_window():
         ref_lp = torch.stack([torch.log_softmax(model(torch.tensor([p]))[0, q, choices], -1)
                               for p, qs in zip(prompts, positions) for q in qs])
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)  # each query's own distribution
-    got_c, _ = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions, compile=True)
+    got_c, _, lp_c = ev.predict(model, prompts, choices, batch_size=2, desc="t", positions=positions, compile=True,
+                                return_logprobs=True)
     assert got_c == ref
+    torch.testing.assert_close(lp_c, ref_lp, rtol=1e-5, atol=1e-5)
 
 
 def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):

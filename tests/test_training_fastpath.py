@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hlmtune.training.fastpath import (
-    _prunable_last_layer, causal_sdpa_blocked, gqa_pays, inference_fastpath, target_logits_applies,
+    _prunable_last_layer, causal_sdpa_blocked, gqa_pays, inference_fastpath, query_logits, target_logits_applies,
     target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear, onednn_linear,
     onednn_linear_pays,
@@ -468,6 +468,20 @@ def test_complex_rope_refuses_an_unbuilt_cache_as_torchtune_does():
     r.is_cache_built = False
     with pytest.raises(RuntimeError, match="rope_init"):
         r(torch.zeros(1, 4, 2, 32))
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_query_logits_are_torchtunes_logits_at_the_chosen_positions(gqa):
+    tokens = torch.randint(0, 96, (3, 40), generator=torch.Generator().manual_seed(20))
+    model = _model()
+    with torch.inference_mode():
+        ref = model(tokens)  # (B, T, V)
+        if gqa:
+            use_gqa_attention(model)
+        idx = torch.tensor([[39, 0, 17], [5, 5, 0], [2, 38, 21]])  # any order, repeats, padding 0
+        got = query_logits(model, tokens, idx)
+    assert got.shape == (3, 3, 96) and got.dtype == torch.float32
+    torch.testing.assert_close(got, ref.gather(1, idx[:, :, None].expand(-1, -1, 96)), rtol=1e-5, atol=1e-5)
 
 
 def test_inference_fastpath_gives_torchtunes_logits_and_undoes_itself():

@@ -278,13 +278,14 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     cost as much as the matmuls and fusing them pays (1.4x measured on 2 CPU cores, after a
     compile of about a minute).
 
-    Eager (``fast``, the default, on a torchtune ``TransformerDecoder``), only the query
-    positions reach the last layer's queries and MLP, the final norm and the vocabulary
-    projection (``fastpath.target_positions_only``, the recipes' training path: every other
-    position only feeds that layer's keys and values), and RoPE and the SwiGLU feed-forward run
-    their inference paths (``fastpath.inference_fastpath``): the same logits at the queries up to
-    fp32 rounding, 1.4-1.6x faster on HLM-1M's DS2 prompts (``benchmarks/eval_throughput.py``).
-    ``fast=False`` computes every position's logits, as torchtune's forward does.
+    With ``fast`` (the default; a torchtune ``TransformerDecoder`` whose last layer is a plain
+    self-attention layer), only the query positions reach the last layer's queries and MLP, the
+    final norm and the vocabulary projection (``fastpath.query_logits``, the recipes'
+    ``target_positions_only`` as one function: every other position only feeds that layer's keys
+    and values); eagerly, RoPE and the SwiGLU feed-forward also run their inference paths
+    (``fastpath.inference_fastpath``). The same logits at the queries up to fp32 rounding
+    (``benchmarks/eval_throughput.py`` times both ways). ``fast=False`` computes every
+    position's logits, as torchtune's forward does.
 
     Returns:
         Tuple[List[int], int]: index into ``choices`` per query (prompt order, then position
@@ -298,7 +299,7 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     from torchtune.modules import TransformerDecoder
     from tqdm import tqdm
 
-    from hlmtune.training.fastpath import inference_fastpath, target_positions_only
+    from hlmtune.training.fastpath import _prunable_last_layer, inference_fastpath, query_logits
 
     if positions is None:
         positions = [[len(p) - 1] for p in prompts]
@@ -311,9 +312,19 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     choice_t = torch.tensor(list(choices))
     logprobs = torch.zeros(first[-1], len(choices)) if return_logprobs else None
     fixed_width = max((len(p) for p in prompts), default=1)
-    run = torch.compile(model, dynamic=False) if compile else model
-    fast = fast and not compile and isinstance(model, TransformerDecoder) and not model.output_hidden_states
-    levers = inference_fastpath(model) if fast else contextlib.nullcontext()
+    fast = (fast and isinstance(model, TransformerDecoder) and not model.output_hidden_states
+            and _prunable_last_layer(model) is not None)
+    if fast:
+        def step(tokens: Any, idx: Any) -> Any:  # (B, T), (B, Tq) -> (B, Tq, V)
+            return query_logits(model, tokens, idx)
+
+        run = torch.compile(step, dynamic=False) if compile else step
+        # complex tensors are a weak spot of inductor: the compiled step fuses torchtune's RoPE
+        levers = contextlib.nullcontext() if compile else inference_fastpath(model)
+        fixed_queries = max((len(q) for q in positions), default=1) or 1  # compiled: one shape
+    else:
+        run = torch.compile(model, dynamic=False) if compile else model
+        levers = contextlib.nullcontext()
     with torch.inference_mode(), levers, tqdm(total=first[-1], desc=desc, unit="beat", file=sys.stderr,
                                               dynamic_ncols=True) as bar:
         for b in range(0, len(order), batch_size):
@@ -323,16 +334,15 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
             for r, i in enumerate(idx):
                 x[r, : len(prompts[i])] = torch.tensor(prompts[i])
             rows = torch.tensor([r for r, i in enumerate(idx) for _ in positions[i]], dtype=torch.long)
-            cols = torch.tensor([q for i in idx for q in positions[i]], dtype=torch.long)
             if fast:
-                keep = torch.zeros(x.shape, dtype=torch.bool)  # (B, T): the query positions
-                keep[rows, cols] = True
-                with target_positions_only(model, keep):
-                    kept = run(x)  # (K, V): the kept positions' logits, in row-major order of keep
-                slot = torch.full(x.shape, -1, dtype=torch.long)  # (B, T): each kept position's row of kept
-                slot[keep] = torch.arange(kept.shape[0])
-                last = kept[slot[rows, cols]]  # (Q, V): the next-token distribution at each query
+                tq = fixed_queries if compile else max(1, max(len(positions[i]) for i in idx))
+                at = torch.zeros(x.shape[0], tq, dtype=torch.long)  # (B, Tq): queries, padded with 0
+                for r, i in enumerate(idx):
+                    at[r, : len(positions[i])] = torch.tensor(positions[i], dtype=torch.long)
+                slots = torch.tensor([s for i in idx for s in range(len(positions[i]))], dtype=torch.long)
+                last = run(x, at)[rows, slots]  # (B, Tq, V) -> (Q, V): the next-token distribution per query
             else:
+                cols = torch.tensor([q for i in idx for q in positions[i]], dtype=torch.long)
                 last = run(x)[rows, cols]  # (B, T, V) -> (Q, V)
             free = last.argmax(-1)
             off_vocab += int((~torch.isin(free, choice_t)).sum())

@@ -38,6 +38,9 @@ unmodified modules (tests/test_training_fastpath.py).
   layer reaches the loss; its keys and values still cover every position. Skipped, leaving
   torchtune's layer, where the layer is activation-checkpointed (the recompute would run
   after the block) or compiled, or is not a plain self-attention layer.
+* :func:`query_logits` (``hlmtune eval``, eager or compiled): a decoder's logits at chosen
+  positions only, its last layer as in :func:`target_positions_only`, as one plain function of
+  tensors that ``torch.compile`` traces once for fixed shapes.
 * :func:`inference_fastpath` (``hlmtune eval``; no autograd): the complex RoPE above and the
   SwiGLU feed-forward with SiLU and the gate product in place (:func:`_swiglu_inference_forward`),
   two fewer (tokens, hidden) tensors per layer to allocate and fill.
@@ -700,3 +703,31 @@ def inference_fastpath(model: torch.nn.Module) -> Iterator[Dict[str, int]]:
     finally:
         for m in patched:
             del m.forward
+
+
+def query_logits(model: torch.nn.Module, tokens: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of a torchtune ``TransformerDecoder`` at positions ``idx`` only.
+
+    torchtune's forward without a mask (causal) and with positions 0..T-1, except that the last
+    layer runs its queries, attention output and MLP at ``idx`` only (:func:`_last_layer_at_targets`)
+    and the final norm and the vocabulary projection see those rows alone. A plain function of
+    tensors, so ``torch.compile`` of it specializes once on fixed shapes (no module state swapped
+    per call, as :func:`target_positions_only` does). The caller checks the model with
+    :func:`_prunable_last_layer` (and that it has no intermediate hidden-state outputs).
+
+    Args:
+        model (torch.nn.Module): an unwrapped ``TransformerDecoder``.
+        tokens (torch.Tensor): (B, T) token ids.
+        idx (torch.Tensor): (B, Tq) int64 positions to evaluate, in any order; padding slots
+            hold 0 (their outputs are the caller's to drop).
+
+    Returns:
+        torch.Tensor: (B, Tq, V) float32 logits at ``idx``.
+    """
+    layers = model.layers
+    h = model.tok_embeddings(tokens)  # (B, T, D)
+    for layer in layers[:-1]:
+        h = layer(h)
+    gqa = "_torchtune_forward" in layers[-1].attn.__dict__  # routed through _gqa_forward: SDPA reads grouped heads
+    h = _last_layer_at_targets(layers[-1], h, idx, None, None, gqa)  # (B, Tq, D)
+    return model.output(model.norm(h)).float()  # (B, Tq, V)
