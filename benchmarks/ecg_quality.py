@@ -54,8 +54,11 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=2, help="CPU ranks per training stage (default: 2)")
     ap.add_argument("--force", action="store_true", help="retrain even if the work folder holds runs")
     args = ap.parse_args()
-    if args.pretrain_seed < 0:
-        ap.error(f"--pretrain-seed must be >= 0, got {args.pretrain_seed}")
+    from hlmtune.hlm.pipeline import JOB_INPUT_ERRORS, job_flag_error
+
+    bad = job_flag_error(args)  # the checks of hlmtune demo's same flags
+    if bad:
+        ap.error(bad)
     if args.data is None and not (os.environ.get("HLM_DATA") and (Path(os.environ["HLM_DATA"]) / "mitdb").is_dir()):
         print("ecg_quality: needs MIT-BIH: set HLM_DATA (folder with mitdb/) or --data", file=sys.stderr)
         return 2
@@ -63,9 +66,17 @@ def main() -> int:
     from hlmtune.hlm.pipeline import run_pipeline
 
     t0 = time.perf_counter()
-    report = run_pipeline(out=args.out, data=args.data, source="mitdb", nproc=args.nproc, model=args.model,
-                          pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples, force=args.force,
-                          seeds=args.seeds, pretrainings=args.pretrainings, pretrain_seed=args.pretrain_seed)
+    try:
+        report = run_pipeline(out=args.out, data=args.data, source="mitdb", nproc=args.nproc, model=args.model,
+                              pretrain_steps=args.pretrain_steps, finetune_examples=args.finetune_examples,
+                              force=args.force, seeds=args.seeds, pretrainings=args.pretrainings,
+                              pretrain_seed=args.pretrain_seed)
+    except JOB_INPUT_ERRORS as e:  # as hlmtune demo: one line naming what is wrong
+        print(f"ecg_quality: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a stage failed (its log is named)
+        print(f"ecg_quality: {e}", file=sys.stderr)
+        return 1
     wall = time.perf_counter() - t0
     metrics = json.loads((report.parent / "metrics.json").read_text())
     timings = json.loads((report.parent / "timings.json").read_text())

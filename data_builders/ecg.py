@@ -35,10 +35,11 @@ Inputs never hold the answer:
 * DPO pairs (``ecg_beat_dpo_dataset``): the classification prompt with the correct class
   chosen and a wrong class rejected.
 
-Class imbalance (DS1: N 45,866 vs S 944): ``balance`` resamples each epoch's examples with
+Class imbalance (DS1: N 45,866 vs S 944): ``balance`` draws the epoch's ``num_examples`` with
 class shares proportional to ``count ** balance`` (0 = equal classes, 1 = as recorded; default
-0.5 for classification), drawing without replacement while a class has enough examples and
-cycling through a seeded permutation when it must repeat them.
+0.5 for classification), without replacement while a class has enough examples and cycling
+through a seeded permutation when it must repeat them. The draw is made once, when the dataset
+is built: every epoch shows the same examples (in the sampler's order; the configs train one).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from hlmtune.ecg_tokenizer.shards import RECORDS_SUBDIR, read_manifest, stem
 from hlmtune.ecg_tokenizer.vocab import (
     BOS_ID, EOS_ID, SEP_ID, TokenizerParams, Vocabulary, dequantize, quantize, quantizer_edges, rr_bin, rr_edges,
 )
-from hlmtune.hlm.splits import RANDOM, TRAIN, random_beat_mask, resolve_records
+from hlmtune.hlm.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
 
 IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
 AF_RHYTHM = "(AFIB"
@@ -975,7 +976,7 @@ class ECGAFDataset(Dataset):
             frac = (csum[s + self.segment_beats] - csum[s]) / self.segment_beats
             rec_idx.append(np.full(s.size, i, np.int64))
             starts.append(s)
-            target.append((frac >= 0.5).astype(np.int64))
+            target.append((frac > 0.5).astype(np.int64))  # AF when most beats are: a tie is not AF
         if not starts:
             raise ValueError(f"no record of {records} has {self.segment_beats} beats")
         self.rec, self.start = np.concatenate(rec_idx), np.concatenate(starts)
@@ -1383,7 +1384,7 @@ def ecg_af_dataset(
         tokenizer (ECGTokenizer): its parameters must match the shards.
         shards_dir (Optional[str]): ``annotation`` shards (one symbol token per beat, the
             papers' first HLM) or ``samples`` shards (the beats' RR tokens are the input).
-        split (str): ``DS1`` (default).
+        split (str): ``DS1`` (default); ``random`` is refused (it holds out beats, not segments).
         records (Optional[Sequence[str]]): explicit training records (no DS2 record).
         split_file (Optional[str]): split lists of another database.
         segment_beats (int): beats per segment (the papers: 41, 128, 256, 512).
@@ -1396,6 +1397,11 @@ def ecg_af_dataset(
         ECGAFDataset: ``{"tokens", "labels"}`` examples; the target comes from the rhythm
         annotations, which are never tokens of the input.
     """
+    if split == RANDOM:
+        # The random split holds out beats, not segments: an AF run would train and test on the
+        # very same segments. AF is evaluated between patients only.
+        raise SplitError("ecg_af_dataset: split 'random' holds out beats, not AF segments; "
+                         "use DS1 (the default), records or split_file")
     manifest, _ = _shards(tokenizer, shards_dir)
     chosen = resolve_records(split=split, records=records, split_file=split_file,
                              available=[r["record"] for r in manifest["records"]])

@@ -25,11 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
 from hlmtune.ecg_tokenizer.shards import read_manifest
 from hlmtune.ecg_tokenizer.vocab import TokenizerParams
-
-SPLITS = {"DS1": MITDB_DS1, "DS2": MITDB_DS2}
 
 
 def open_token_shard(shards_dir: Path, record: Dict[str, Any]) -> np.ndarray:
@@ -157,6 +154,7 @@ def ecg_tokens_dataset(
     stride: Optional[int] = None,
     split: Optional[str] = None,
     records: Optional[Sequence[str]] = None,
+    split_file: Optional[str] = None,
     align_to_beats: bool = True,
 ) -> ECGTokensDataset:
     """Builder for YAML ``_component_`` (the recipe passes the tokenizer positionally).
@@ -168,26 +166,38 @@ def ecg_tokens_dataset(
         shards_dir (Optional[str]): output directory of ``hlmtune tokenize``.
         max_seq_len (Optional[int]): tokens per sample (default ``tokenizer.max_seq_len``).
         stride (Optional[int]): tokens between window starts (default ``max_seq_len``).
-        split (Optional[str]): ``"DS1"`` or ``"DS2"`` (MIT-BIH inter-patient split) or None.
-        records (Optional[Sequence[str]]): explicit record list (overrides ``split``).
+        split (Optional[str]): ``"DS1"`` or ``"random"`` (the inter-patient split's train
+            records, or DS1 + DS2 pooled); None (default): DS1 when the shards hold any test
+            (DS2) record, else every record of the shards (a database without that split).
+            DS2 is refused: it is read only by ``hlmtune eval``.
+        records (Optional[Sequence[str]]): explicit record list (overrides ``split``; no DS2 record).
+        split_file (Optional[str]): split lists of another database (default: MIT-BIH's).
         align_to_beats (bool): start windows at beat boundaries.
 
     Returns:
         ECGTokensDataset: the dataset.
 
     Raises:
-        ValueError: missing shards_dir / max_seq_len, unknown split, mismatched tokenizer.
+        ValueError: missing shards_dir / max_seq_len, unknown split, DS2 records asked for,
+            mismatched tokenizer.
     """
+    from hlmtune.hlm import splits as sp
+
     shards = shards_dir or getattr(tokenizer, "manifest_dir", None)
     if shards is None:
         raise ValueError("ecg_tokens_dataset needs shards_dir (or a tokenizer built from manifest_path)")
     seq = max_seq_len or getattr(tokenizer, "max_seq_len", None)
     if not seq:
         raise ValueError("ecg_tokens_dataset needs max_seq_len (or a tokenizer with max_seq_len)")
-    if records is None and split is not None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {sorted(SPLITS)} or None, got {split!r}")
-        records = list(SPLITS[split])
+    available = [r["record"] for r in read_manifest(Path(shards))["records"]]
+    if split is None and records is None:
+        # The shards of an inter-patient database hold its test records too (`hlmtune demo`
+        # tokenizes DS1 + DS2 into one folder): training windows come from DS1 only.
+        test = set(sp.load_split_file(split_file)[sp.TEST])
+        split = sp.TRAIN if split_file is not None or test & set(available) else None
+    if split is not None or records is not None:
+        records = sp.resolve_records(split=split or sp.TRAIN, records=records, split_file=split_file,
+                                     available=available)
     return ECGTokensDataset(
         Path(shards), max_seq_len=int(seq), stride=stride, records=records, align_to_beats=align_to_beats,
         expected_params=getattr(tokenizer, "params", None),

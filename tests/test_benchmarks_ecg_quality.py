@@ -89,3 +89,21 @@ def test_bad_flags_exit_2_before_any_work(monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("HLM_DATA", raising=False)
     rc, out, err, calls = _run(monkeypatch, capsys, ["--out", str(tmp_path / "w")])
     assert rc == 2 and calls == [] and "set HLM_DATA" in err
+
+
+def test_bad_input_is_one_line_not_a_traceback(monkeypatch, capsys, tmp_path):
+    """Flags out of range are refused as hlmtune demo refuses them; the pipeline's input errors
+    (no records where HLM_DATA points, a bad split file) are one line, exit 2."""
+    for args, says in ((["--seeds", "1", "--pretrainings", "2"], "--pretrainings must be 1..--seeds (1)"),
+                       (["--nproc", "0"], "--nproc must be >= 1, got 0")):
+        rc, out, err, calls = _run(monkeypatch, capsys, ["--out", str(tmp_path / "w"), "--data", str(tmp_path), *args])
+        assert rc == 2 and calls == [] and says in err, err
+
+    def missing(**kw):
+        raise FileNotFoundError("--source mitdb: no MIT-BIH records (100.hea) in $HLM_DATA/mitdb = /x/mitdb")
+
+    monkeypatch.setattr(pipeline, "run_pipeline", missing)
+    monkeypatch.setattr(sys, "argv", ["ecg_quality.py", "--out", str(tmp_path / "w"), "--data", str(tmp_path)])
+    assert _load().main() == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "ecg_quality: --source mitdb: no MIT-BIH records (100.hea) in $HLM_DATA/mitdb = /x/mitdb"

@@ -981,6 +981,24 @@ def test_af_targets_come_from_rhythms_never_the_input(hlm, tmp_path):
         want += [record] * ((n_beats - 41) // 41 + 1)
     assert [ds.record_of(k) for k in range(len(ds))] == want
 
+    # The target is a strict majority of the segment's beats in (AFIB, read here straight from
+    # the beat tables and the records' rhythm lists: with an even length and stride 1 the windows
+    # that slide over an episode's edge hold exactly half, and a tie is not AF.
+    ds = ecg_af_dataset(tk, split_file=str(split), segment_beats=40, stride_beats=1, balance=None)
+    ties = 0
+    for k in range(len(ds)):
+        stem_ = _stem(ds.record_of(k))
+        table = np.load(tmp_path / "ann" / "records" / f"{stem_}.beats.npy", mmap_mode="r")
+        names_ = json.loads((tmp_path / "ann" / "records" / f"{stem_}.json").read_text())["rhythms"]
+        start = int(ds.start[ds.index[k]])
+        n_af = sum(int(r) >= 0 and names_[int(r)] == "(AFIB" for r in table["rhythm"][start:start + 40])
+        assert ds.is_af(k) == (n_af > 20), (k, n_af)
+        ties += n_af == 20
+    assert ties > 0
+    # split: random holds out beats, not segments: AF would be tested on its training segments
+    with pytest.raises(ValueError, match="split 'random' holds out beats, not AF segments"):
+        ecg_af_dataset(tk, split="random", split_file=str(split))
+
 
 def test_annotation_shards_are_refused_for_beat_classes(tmp_path):
     from hlmtune.data_builders import ecg_beat_classification_dataset

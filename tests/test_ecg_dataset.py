@@ -68,3 +68,46 @@ def test_memmap_not_copied_and_errors(shards):
 
     clone = pickle.loads(pickle.dumps(ds))  # DataLoader workers
     assert clone._maps == {} and clone[1] == ds[1]
+
+
+def test_training_windows_never_come_from_test_records(shards, tmp_path):
+    """The shards of an inter-patient database hold its test records too: by default the windows
+    come from its train records only, and test records are refused however they are asked for."""
+    import json
+
+    tk = ECGTokenizer(manifest_path=str(shards), max_seq_len=128)
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"DS1": ["s000"], "DS2": ["s001"]}))
+
+    def records_of(ds):
+        return {ds.records[int(i)]["record"] for i in ds._rec}
+
+    assert records_of(ecg_tokens_dataset(tk)) == {"s000", "s001"}  # no split of these names: all
+    assert records_of(ecg_tokens_dataset(tk, split_file=str(split))) == {"s000"}
+    assert records_of(ecg_tokens_dataset(tk, split="random", split_file=str(split))) == {"s000", "s001"}
+    for ask in ({"split": "DS2"}, {"records": ["s001"]}):
+        with pytest.raises(ValueError, match=r"\['s001'\] are test records"):
+            ecg_tokens_dataset(tk, split_file=str(split), **ask)
+    # MIT-BIH names (every DS1 record and DS2's 100, copies of the two synthetic records): the
+    # DS2 record in the shards makes DS1 the default
+    import copy
+
+    from hlmtune.ecg_tokenizer.labels import MITDB_DS1
+
+    mit = tmp_path / "mit"
+    manifest = json.loads((shards / "manifest.json").read_text())
+    first, second = manifest["records"]
+    records = []
+    for name, rec in [(r, first) for r in MITDB_DS1] + [("100", second)]:
+        rec = copy.deepcopy(rec)
+        for out in rec["outputs"].values():
+            dst = mit / out["file"].replace(rec["record"], name)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes((shards / out["file"]).read_bytes())
+            out["file"] = out["file"].replace(rec["record"], name)
+        rec["record"] = name
+        records.append(rec)
+    (mit / "manifest.json").write_text(json.dumps({**manifest, "records": records}))
+    assert records_of(ecg_tokens_dataset(tk, shards_dir=str(mit))) == set(MITDB_DS1)
+    with pytest.raises(ValueError, match=r"\['100'\] are test records"):
+        ecg_tokens_dataset(tk, shards_dir=str(mit), records=["101", "100"])

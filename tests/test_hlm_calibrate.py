@@ -96,6 +96,16 @@ def test_calibration_file_round_trip_and_guards(tmp_path):
         cal.load_calibration(path, classes=["N", "S", "V"], test_records=["106", "100"])
     with pytest.raises(ValueError, match="classes"):
         cal.load_calibration(path, classes=["N", "S", "V", "F"], test_records=None)
+    # without the list of records it was fitted on, or with a string for it, nothing shows the
+    # bias was not fitted on the test patients
+    doc = json.loads(path.read_text())
+    for fitted in (None, "106"):
+        bad = dict(doc) if fitted is not None else {k: v for k, v in doc.items() if k != "fitted_on_records"}
+        if fitted is not None:
+            bad["fitted_on_records"] = fitted
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="'fitted_on_records' must list the records"):
+            cal.load_calibration(path, classes=["N", "S", "V"], test_records=["100"])
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"N": 0}))
     with pytest.raises(ValueError, match="not a calibration file"):

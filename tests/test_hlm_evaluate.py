@@ -153,6 +153,92 @@ def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
     assert len(ds.prompt(len(ds) - 1)) == 1 + 5 + 2 + 64 + 2  # bos, 5 RR, <sep> rr, 64 samples, rr <beat?>
 
 
+def test_random_split_evaluates_the_held_out_beats_of_the_runs_own_records(tmp_path):
+    """split: random with an explicit records list: its test beats are those records' held-out
+    beats (no other patient's), and no training beat; AF under it is refused."""
+    from omegaconf import OmegaConf
+
+    from hlm_fixtures import make_shards
+    from hlmtune.data_builders.ecg import ecg_beat_classification_dataset
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+    from hlmtune.hlm.splits import SplitError
+
+    info = make_shards(tmp_path)
+    tk = ECGTokenizer(manifest_path=str(info["shards"]), max_seq_len=1024)
+    mine = [info["train"][0], info["test"][0]]
+    keys = dict(shards_dir=str(info["shards"]), split_file=str(info["split_file"]), split="random", records=mine,
+                context_beats=4, balance=None)
+    cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
+                                        **keys}})
+    _, ds, train_records, test_records = ev._test_dataset(cfg, tk, "DS2")
+    assert train_records == test_records and sorted(train_records) == sorted(mine)
+    assert {ds.record_of(k) for k in range(len(ds))} == set(mine)
+    trained = ecg_beat_classification_dataset(tk, **keys)
+    def beats(d):  # (record, beat index) of every example's target beat
+        return {(d.record_of(k), int(d.beat[d.index[k]])) for k in range(len(d))}
+
+    assert beats(ds) and not beats(ds) & beats(trained)
+    cfg.dataset._component_ = "hlmtune.data_builders.ecg_af_dataset"
+    with pytest.raises(SplitError, match="holds out beats, not AF segments"):
+        ev._test_dataset(cfg, tk, "DS2")
+
+
+def test_a_run_whose_base_model_read_test_patients_is_refused(tmp_path):
+    """Up the chain of starting weights (DPO <- LoRA <- pretraining), each run's saved config says
+    which records it read: a pretraining with split: random (DS2 signal included) is refused."""
+    from omegaconf import OmegaConf
+
+    from hlmtune.hlm.splits import SplitError
+
+    split = tmp_path / "split.json"
+    split.write_text('{"DS1": ["a", "b"], "DS2": ["c"]}')
+
+    def run(name, dataset, start=None):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = {"output_dir": str(d), "dataset": {"split_file": str(split), **dataset}}
+        if start is not None:
+            cfg["checkpointer"] = {"checkpoint_dir": str(tmp_path / start / "epoch_0")}
+        OmegaConf.save(OmegaConf.create(cfg), d / "torchtune_config.yaml")
+        return OmegaConf.create(cfg)
+
+    run("pre", {"split": "DS1"})
+    run("pre_random", {"split": "random"})
+    run("lora", {"split": "DS1"}, start="pre")
+    run("lora_on_random", {}, start="pre_random")
+    ev.check_base_models(run("dpo", {}, start="lora"), ["c"])
+    with pytest.raises(SplitError, match=r"weights trained on test records \['c'\] \(the run in .*pre_random, "
+                                         r"dataset split 'random'\)"):
+        ev.check_base_models(run("dpo_b", {}, start="lora_on_random"), ["c"])
+    run("pre_list", {"records": ["a", "c"]})
+    with pytest.raises(SplitError, match=r"\['c'\]"):
+        ev.check_base_models(OmegaConf.create({"checkpointer": {"checkpoint_dir": str(tmp_path / "pre_list")}}), ["c"])
+    ev.check_base_models(OmegaConf.create({"checkpointer": {"checkpoint_dir": str(tmp_path / "elsewhere")}}), ["c"])
+
+
+def test_eval_checks_the_base_model_before_building_the_test_set(tmp_path):
+    """`hlmtune eval`'s test set (of the run and of each ensemble member) is built only for a run
+    whose pretrained model did not read the test records."""
+    from omegaconf import OmegaConf
+
+    from hlm_fixtures import make_shards
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+    from hlmtune.hlm.splits import SplitError
+
+    info = make_shards(tmp_path)
+    pre = tmp_path / "pre"
+    pre.mkdir()
+    OmegaConf.save(OmegaConf.create({"output_dir": str(pre), "dataset": {"split": "random",
+                                                                          "split_file": str(info["split_file"])}}),
+                   pre / "torchtune_config.yaml")
+    cfg = OmegaConf.create({"checkpointer": {"checkpoint_dir": str(pre / "epoch_0")},
+                            "dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
+                                        "shards_dir": str(info["shards"]), "split_file": str(info["split_file"])}})
+    tk = ECGTokenizer(manifest_path=str(info["shards"]), max_seq_len=1024)
+    with pytest.raises(SplitError, match="starts from weights trained on test records"):
+        ev._test_dataset(cfg, tk, "DS2")
+
+
 def test_target_rr_ratio_is_the_beats_interval_over_its_running_median(tmp_path):
     """The ratio read back from each test prompt's RR token matches the beat table's intervals
     over a running median computed here by plain loops (to the width of one RR bin)."""
@@ -312,6 +398,9 @@ def test_a_copied_run_folder_reads_its_own_paths(tmp_path):
     cfg = load_run_config(str(alone), [])
     assert cfg.output_dir == str(alone) and cfg.shards_dir == str(job / "tokens")
     assert relocation(str(run), tmp_path / "other") is None  # no shared last component: nothing to map
+    # a run saved under a symlinked folder and read through its target has not moved
+    (tmp_path / "link").symlink_to(new)
+    assert relocation(str(tmp_path / "link" / "fold1" / "runs" / "lora"), new / "fold1" / "runs" / "lora") is None
 
 
 def _eval_cli(capsys, *argv):
@@ -354,6 +443,10 @@ def test_flags_documented_with_another_flag_are_refused_without_it(tmp_path, cap
     assert rc == 2 and "--ensemble and --quantized do not combine" in err and err.count("\n") == 1
     with pytest.raises(ValueError, match="--ptq-run needs --quantized"):  # the Python API refuses it too
         ev.evaluate(None, ptq_run=tmp_path / "ptq")
+    for flag in ("--batch-size", "--max-examples"):  # counts: at least one
+        for value in ("0", "-5"):
+            rc, err = _eval_cli(capsys, "--config", missing, flag, value)
+            assert rc == 2 and err.strip() == f"hlmtune eval: {flag} must be >= 1, got {value}"
 
 
 def test_a_run_that_is_not_an_hlm_run_is_named(tmp_path, capsys):

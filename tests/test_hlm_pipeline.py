@@ -46,6 +46,9 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     assert losses_of(out / "runs" / "lora") != losses_of(out / "runs" / "lora_seed1")
     steps = [json.loads(x) for x in (out / "runs" / "pretrain" / "metrics" / "steps.jsonl").read_text().splitlines()]
     assert len(steps) == 6 and all("iteration_time_s" in s and "peak_rss_gib" in s for s in steps)
+    # every stage stamps what it read (the shards and split lists), the same digest throughout
+    digests = {json.loads((out / d / "stage.json").read_text())["data"] for d in ("runs/pretrain", "runs/lora", "report")}
+    assert len(digests) == 1 and len(digests.pop()) == 64
     # a rerun keeps the trained stages and rebuilds the report; one seed is the first run alone
     proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -136,10 +139,82 @@ def test_bad_flags_and_outputs_are_one_line(tmp_path):
                  ["--out", str(tmp_path / "d"), "--data", str(tmp_path)],
                  ["--out", str(tmp_path / "d"), *QUICK, "--seeds", "2", "--pretrainings", "3"],
                  ["--out", str(tmp_path / "d"), "--pretrainings", "0"],
-                 ["--out", str(tmp_path / "d"), "--pretrain-seed", "-1"]):
+                 ["--out", str(tmp_path / "d"), "--pretrain-seed", "-1"],
+                 ["--out", str(tmp_path / "d"), *QUICK, "--max-eval", "0"]):
         proc = subprocess.run([HLMTUNE, "demo", *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_bad_split_file_is_one_line_naming_it(tmp_path):
+    """Not JSON, no DS1 list, or a record in both lists: `hlmtune demo` and `hlmtune cv` name the
+    file in one line (exit 2) before anything is tokenized or trained."""
+    db = tmp_path / "db"
+    db.mkdir()
+    for text, says in (("{", "not JSON"), (json.dumps({"train": ["a"]}), "must hold lists 'DS1'"),
+                       (json.dumps({"DS1": ["a", "b"], "DS2": ["b"]}), r"records in both DS1 and DS2: ['b']")):
+        (db / "splits.json").write_text(text)
+        for cmd in ("demo", "cv"):
+            proc = subprocess.run([HLMTUNE, cmd, "--data", str(db), "--out", str(tmp_path / cmd)], capture_output=True,
+                                  text=True)
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+            assert len(proc.stderr.strip().splitlines()) == 1 and says in proc.stderr
+            assert str(db / "splits.json") in proc.stderr
+            assert not (tmp_path / cmd / "tokens").exists()
+
+
+def test_a_download_is_complete_or_not_there(tmp_path, monkeypatch):
+    """MIT-BIH is downloaded beside its place and renamed when complete: an interrupted download
+    does not pass for the database, and the rerun resumes it. $HLM_DATA without records is named."""
+    import wfdb
+
+    from hlmtune.hlm.pipeline import find_data
+
+    calls = []
+
+    def dl(db, dl_dir, **kw):
+        calls.append(dl_dir)
+        d = Path(dl_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "100.hea").write_text("x")
+        if len(calls) == 1:
+            raise ConnectionError("connection reset")  # an OSError, as requests raises
+        (d / "234.atr").write_text("x")
+
+    monkeypatch.setattr(wfdb, "dl_database", dl)
+    monkeypatch.delenv("HLM_DATA", raising=False)
+    dest = tmp_path / "data" / "mitdb"
+    with pytest.raises(FileNotFoundError, match="cannot download MIT-BIH"):
+        find_data(None, tmp_path, "download")
+    assert not dest.exists() and (tmp_path / "data" / "mitdb.partial" / "100.hea").exists()
+    db, described, _ = find_data(None, tmp_path, "download")
+    assert db == dest and (dest / "234.atr").exists() and not (tmp_path / "data" / "mitdb.partial").exists()
+    assert calls == [str(tmp_path / "data" / "mitdb.partial")] * 2 and "downloaded" in described
+    assert find_data(None, tmp_path, "download")[0] == dest and len(calls) == 2  # complete: not downloaded again
+    monkeypatch.setenv("HLM_DATA", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match=r"no MIT-BIH records \(100.hea\) in \$HLM_DATA/mitdb = "):
+        find_data(None, tmp_path, "mitdb")
+
+
+def test_a_failed_rerun_leaves_no_report_of_the_models_it_replaced(tmp_path, monkeypatch):
+    """A missing --calibration file is refused before any work; a stage that fails leaves no
+    report.md (the previous one described the models being replaced)."""
+    from hlmtune.hlm import pipeline
+
+    out = tmp_path / "job"
+    with pytest.raises(FileNotFoundError, match="--calibration .*nope.json: no such file"):
+        pipeline.run_pipeline(out=out, source="synthetic", calibration=tmp_path / "nope.json")
+    assert not out.exists()
+    (out / "report").mkdir(parents=True)
+    (out / "report" / "report.md").write_text("# the previous models' report\n")
+
+    def fails(name, *a, **kw):
+        raise RuntimeError(f"{name} failed (see its train.log)")
+
+    monkeypatch.setattr(pipeline, "_train_stage", fails)
+    with pytest.raises(RuntimeError, match="pretrain failed"):
+        pipeline.run_pipeline(out=out, source="synthetic", nproc=1)
+    assert not (out / "report" / "report.md").exists()
 
 
 def test_a_database_with_a_split_file_is_named_for_what_it_is(tmp_path):
@@ -178,6 +253,41 @@ def test_a_stage_is_kept_only_when_its_settings_are_the_same(tmp_path, capsys):
     assert stage(200) is True and count.read_text() == "3"
     assert stage(200, force=True) is True and count.read_text() == "4"
     assert stage(200) is False
+
+    # the same command over other data (records re-tokenized, another split file, same paths)
+    def on(data):
+        cmd = [sys.executable, "-c", script, "dataset.num_examples=200"]
+        return _train_stage("fine-tune", run_dir, done, False, dict(os.environ), "training", cmd, data=data)[1]
+
+    capsys.readouterr()
+    assert on("d1") is False and json.loads((run_dir / STAGE_STAMP).read_text())["data"] == "d1"  # older stamp: digest added
+    assert on("d1") is False and count.read_text() == "4"
+    assert on("d2") is True and count.read_text() == "5"
+    assert "made with other data (records or split file): redoing it" in capsys.readouterr().err
+    assert on("d2") is False and json.loads((run_dir / STAGE_STAMP).read_text())["data"] == "d2"
+
+
+def test_the_data_digest_follows_the_shards_and_the_split_not_the_bookkeeping(tmp_path):
+    """What the models read changes the digest: a record's shard, the tokenizer parameters, the
+    split lists; the library versions in the manifest and records the job does not read do not."""
+    from hlmtune.hlm.pipeline import data_digest
+
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    rec = lambda name, sha: {"record": name, "outputs": {"tokens": {"sha256": sha}, "beats": {"sha256": "b" + sha}}}
+    manifest = {"params": {"rr_bins": 64}, "libraries": {"numpy": "2.0"}, "records": [rec("a", "1"), rec("b", "2")]}
+
+    def digest(m=manifest, lists={"DS1": ["a"], "DS2": ["b"]}, records=("a", "b")):
+        (tokens / "manifest.json").write_text(json.dumps(m))
+        return data_digest(tokens, lists, records)
+
+    first = digest()
+    assert digest() == first
+    assert digest({**manifest, "libraries": {"numpy": "2.4"}}) == first
+    assert digest({**manifest, "records": [*manifest["records"], rec("c", "3")]}) == first  # not one of the job's
+    assert digest({**manifest, "records": [rec("a", "1"), rec("b", "9")]}) != first
+    assert digest({**manifest, "params": {"rr_bins": 32}}) != first
+    assert digest(lists={"DS1": ["b"], "DS2": ["a"]}) != first
 
 
 def test_a_kept_stage_reports_the_time_it_took_when_it_ran(tmp_path, capsys):

@@ -38,6 +38,10 @@ def test_missing_records_and_split_files(tmp_path):
     f.write_text(json.dumps({"DS1": ["a", "c"], "DS2": ["c"]}))
     with pytest.raises(sp.SplitError, match=r"in both DS1 and DS2: \['c'\]"):
         sp.load_split_file(str(f))
+    # JSON numbers name the same records as strings (the shards' names): 100 == "100"
+    f.write_text(json.dumps({"DS1": [100, 101], "DS2": ["100"]}))
+    with pytest.raises(sp.SplitError, match=r"in both DS1 and DS2: \['100'\]"):
+        sp.load_split_file(str(f))
     f.write_text("{")
     with pytest.raises(sp.SplitError, match="not JSON"):
         sp.load_split_file(str(f))

@@ -150,6 +150,11 @@ def load_calibration(path: Path, *, classes: Sequence[str], test_records: Option
         raise ValueError(f"--calibration {p}: not a calibration file (hlmtune cv writes one: calibration.json)")
     if sorted(doc["bias"]) != sorted(classes):
         raise ValueError(f"--calibration {p}: fitted for classes {sorted(doc['bias'])}, this evaluation has {list(classes)}")
+    fitted = doc.get("fitted_on_records")
+    if not isinstance(fitted, list) or not all(isinstance(r, str) for r in fitted):
+        # Without the list nothing shows the bias was not chosen on the test patients.
+        raise ValueError(f"--calibration {p}: 'fitted_on_records' must list the records the bias was "
+                         "fitted on (hlmtune cv writes it)")
     if test_records is not None:
-        check_disjoint(doc.get("fitted_on_records", []), test_records, what=f"--calibration {p}")
+        check_disjoint(fitted, test_records, what=f"--calibration {p}")
     return np.array([float(doc["bias"][c]) for c in classes])

@@ -365,7 +365,7 @@ def run_cv(
             (:func:`compare_to_baseline`). Read before any fold trains.
     """
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
-    from hlmtune.ecg_tokenizer.labels import MITDB_DS1
+    from hlmtune.hlm.splits import load_split_file
     from hlmtune.hlm import calibrate
     from hlmtune.hlm.evaluate import (
         RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, by_timing, class_table, headline, per_record, record_table,
@@ -385,7 +385,7 @@ def run_cv(
     db, described, split_file = find_data(data, out, source)
     if split_file is None and (db / "splits.json").exists():
         split_file = db / "splits.json"
-    ds1 = list(json.loads(split_file.read_text())["DS1"]) if split_file else list(MITDB_DS1)
+    ds1 = list(load_split_file(str(split_file) if split_file else None)["DS1"])  # refuses DS1/DS2 overlaps
     counts = record_class_counts(db, ds1)
     parts = make_folds(counts, folds)
     if base is not None:  # before any fold trains: a baseline of other folds is refused now, not in hours

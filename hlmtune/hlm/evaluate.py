@@ -429,6 +429,7 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
         test = sp.resolve_records(split=split, records=None, split_file=ds.get("split_file"), available=available,
                                   evaluation=True)
         sp.check_disjoint(train_records, test)
+        check_base_models(cfg, test)
     # The test prompts are built exactly as the run's training prompts (every key of its dataset
     # section, the builder's defaults for the rest); only the records, the draw and augmentation
     # (the private builders drop both when evaluating) differ.
@@ -437,14 +438,57 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
         build = getattr(builders, private)
         defaults = {k: p.default for k, p in inspect.signature(getattr(builders, comp)).parameters.items()
                     if p.default is not inspect.Parameter.empty}
-        d = build(tokenizer, **{**defaults, **ds, "split": test_split, "records": None, "evaluation": True})
+        # Under the random split the held-out beats are those of the run's own records (an
+        # explicit `records` list included); otherwise the records are the test split's.
+        recs = ds.get("records") if test_split == sp.RANDOM else None
+        d = build(tokenizer, **{**defaults, **ds, "split": test_split, "records": recs, "evaluation": True})
         return kind, d, train_records, list(test)
     if comp == "ecg_af_dataset":
-        recs = test if train_split != sp.RANDOM else train_records
+        if train_split == sp.RANDOM:  # the builder refuses it too: no held-out AF segments
+            raise sp.SplitError("ecg_af_dataset: split 'random' holds out beats, not AF segments; "
+                                "AF is evaluated on the test patients (DS2) only")
+        recs = test
         d = builders.ECGAFDataset(manifest, recs, segment_beats=ds.get("segment_beats", 41),
                                   stride_beats=ds.get("stride_beats"), balance=None, num_examples=None, seed=0)
         return "af", d, train_records, list(recs)
     raise ValueError(f"hlmtune eval evaluates the HLM's classification datasets; the config's dataset is {comp}")
+
+
+def check_base_models(cfg: Any, test: Sequence[str]) -> None:
+    """Refuse a run whose starting weights were trained on test records.
+
+    A fine-tune starts from ``checkpointer.checkpoint_dir``: a pretraining's (or, for DPO, the
+    LoRA run's) export inside that run's folder. Each such run up the chain is read from the
+    ``torchtune_config.yaml`` it saved, and the records its dataset section asked for (a
+    pretraining with ``split: random`` reads the test patients' signal too) must not meet
+    ``test``. Weights from elsewhere (no saved run config beside them) are not checked.
+
+    Raises:
+        SplitError: naming the run and the shared records.
+    """
+    from omegaconf import ListConfig
+
+    from hlmtune.hlm import splits as sp
+
+    seen = set()
+    ckpt = (cfg.get("checkpointer") or {}).get("checkpoint_dir")
+    while ckpt:
+        d = Path(str(ckpt))
+        run = next((p for p in (d, d.parent) if (p / "torchtune_config.yaml").is_file()), None)
+        if run is None or run.resolve() in seen:
+            return
+        seen.add(run.resolve())
+        up = load_run_config(str(run), [])
+        nodes = up.get("dataset")
+        for node in (nodes if isinstance(nodes, (list, ListConfig)) else [nodes]) if nodes is not None else []:
+            asked = sp.records_asked(split=str(node.get("split", sp.TRAIN)), records=node.get("records"),
+                                     lists=sp.load_split_file(node.get("split_file")))
+            both = sorted(set(asked) & set(test))
+            if both:
+                raise sp.SplitError(f"the run starts from weights trained on test records {both} (the run in {run}, "
+                                    f"dataset split {node.get('split', sp.TRAIN)!r}); inter-patient results need "
+                                    "base models that never read the test patients")
+        ckpt = (up.get("checkpointer") or {}).get("checkpoint_dir")
 
 
 def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, split: str) -> List[str]:
@@ -942,7 +986,7 @@ def relocation(recorded: str, actual: Path) -> Optional[Tuple[str, str]]:
         or the two paths share no last component (nothing says which parts correspond).
     """
     here = Path(actual).resolve()
-    if Path(recorded) == here:
+    if Path(recorded) == here or Path(recorded).resolve() == here:  # the same folder (through a link)
         return None
     old, new = Path(recorded).parts, here.parts
     tail = 0
@@ -1001,9 +1045,10 @@ def flag_conflict(*, quantized: bool, ptq_run: Optional[Path], ensemble: Sequenc
 def _main(args: argparse.Namespace) -> int:
     from hlmtune.hlm.splits import SplitError
 
-    if args.batch_size < 1:
-        print("hlmtune eval: --batch-size must be >= 1", file=sys.stderr)
-        return 2
+    for flag, v in (("--batch-size", args.batch_size), ("--max-examples", args.max_examples)):
+        if v is not None and v < 1:
+            print(f"hlmtune eval: {flag} must be >= 1, got {v}", file=sys.stderr)
+            return 2
     conflict = flag_conflict(quantized=args.quantized, ptq_run=args.ptq_run, ensemble=args.ensemble,
                              calibration=args.calibration)
     if conflict:  # argument errors first: before any config is read

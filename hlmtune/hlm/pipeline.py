@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hlmtune._helpfmt import DefaultsHelpFormatter
+from hlmtune._io import OutputPathError
+from hlmtune.hlm.splits import SplitError, load_split_file
 
 COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 # RR bins of 28 ms (64 over 0.2-2.0 s) instead of the tokenizer's default 112 ms: the
@@ -83,6 +85,9 @@ def find_data(data: Optional[str], out: Path, source: str) -> Tuple[Path, str, O
     if source in ("auto", "mitdb") and env and (Path(env) / "mitdb" / "100.hea").exists():
         return Path(env) / "mitdb", f"MIT-BIH Arrhythmia Database ($HLM_DATA/mitdb = {Path(env) / 'mitdb'})", None
     if source == "mitdb":
+        if env:
+            raise FileNotFoundError(f"--source mitdb: no MIT-BIH records (100.hea) in $HLM_DATA/mitdb = "
+                                    f"{Path(env) / 'mitdb'}; point HLM_DATA at the folder holding mitdb/ or give --data")
         raise FileNotFoundError("--source mitdb: set HLM_DATA (folder with mitdb/) or give --data")
     if source in ("auto", "download"):
         dest = out / "data" / "mitdb"
@@ -91,8 +96,16 @@ def find_data(data: Optional[str], out: Path, source: str) -> Tuple[Path, str, O
         try:
             import wfdb
 
-            _say("downloading MIT-BIH from PhysioNet (about 100 MB)")
-            wfdb.dl_database("mitdb", str(dest))
+            # Into a side folder renamed when complete: an interrupted download never looks like
+            # the database, and a rerun resumes it (wfdb skips files already there at full size).
+            partial = dest.with_name(dest.name + ".partial")
+            _say(f"downloading MIT-BIH from PhysioNet (about 100 MB) into {partial}")
+            wfdb.dl_database("mitdb", str(partial))
+            if dest.exists():  # an older version's interrupted download (no 234.atr): replaced
+                import shutil
+
+                shutil.rmtree(dest)
+            partial.rename(dest)
             return dest, f"MIT-BIH Arrhythmia Database (downloaded to {dest})", None
         except Exception as e:  # offline: requests raises ConnectionError (an OSError) and friends
             if source == "download":
@@ -194,7 +207,8 @@ def examples_trained(finetune_examples: int, finetune_overrides: Sequence[str]) 
 
 
 def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[str, str], what: str,
-                 cmd: List[str], root: Optional[Path] = None) -> Tuple[Optional[float], bool]:
+                 cmd: List[str], root: Optional[Path] = None,
+                 data: Optional[str] = None) -> Tuple[Optional[float], bool]:
     """Run one training stage unless it finished before with the same command.
 
     A stage counts as finished when its export ``done`` exists and ``run_dir/stage.json``
@@ -205,6 +219,9 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
     ``root`` are stamped relative to it (:func:`portable`), so a copied or moved job keeps the
     stage; a stamp of an older version with absolute paths counts where it was made and in a copy
     of its job (its job folder read from its own ``output_dir``), and is rewritten job-relative.
+    ``data`` (:func:`data_digest`) is stamped too: the same command over other records or another
+    split file under the same paths runs again. A stamp of an older version without it is taken
+    as it was (nothing recorded what it read) and gets the digest.
 
     Returns:
         Tuple[Optional[float], bool]: (wall time of the training in s, measured now or recorded when
@@ -225,20 +242,41 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
         made_in = _stamped_root(was, run_dir, root)
         if made_in is not None and portable(was, Path(made_in)) == stamped:
             was = stamped
-    if not force and done.exists() and was in (stamped, settings):
-        if before.get("command") != stamped and root is not None:
-            atomic_write_text(stamp, json.dumps({**before, "command": stamped}, indent=1) + "\n")
+    same_data = before.get("data") in (data, None)
+    if not force and done.exists() and was in (stamped, settings) and same_data:
+        upgraded = {**before, **({"command": stamped} if root is not None else {}),
+                    **({"data": data} if data is not None else {})}
+        if upgraded != before:
+            atomic_write_text(stamp, json.dumps(upgraded, indent=1) + "\n")
         _say(f"{name}: finished before, kept ({run_dir}; --force redoes it)")
         return before.get("wall_s"), False
     if done.exists() and not force:
-        _say(f"{name}: the run in {run_dir} was made with other settings (or by an older version): redoing it")
+        why = "other settings (or by an older version)" if same_data else "other data (records or split file)"
+        _say(f"{name}: the run in {run_dir} was made with {why}: redoing it")
     run_dir.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)  # an interrupted rerun must not look finished
     _say(what)
     _run(cmd, env, run_dir / "train.log")
     took = time.perf_counter() - t0
-    atomic_write_text(stamp, json.dumps({"command": stamped, "wall_s": round(took, 3)}, indent=1) + "\n")
+    done_stamp = {"command": stamped, "wall_s": round(took, 3), **({"data": data} if data is not None else {})}
+    atomic_write_text(stamp, json.dumps(done_stamp, indent=1) + "\n")
     return took, True
+
+
+def data_digest(tokens: Path, lists: Dict[str, Sequence[str]], records: Sequence[str]) -> str:
+    """sha256 of what a job's models read: the tokenizer parameters, each record's shards (the
+    sha256s the token manifest records for them) and the split lists.
+
+    Library versions and other manifest bookkeeping are left out, so that re-tokenizing the same
+    records the same way keeps the trained models.
+    """
+    import hashlib
+
+    manifest = json.loads((Path(tokens) / "manifest.json").read_text())
+    by_name = {r["record"]: r for r in manifest["records"]}
+    shards = {r: {k: o.get("sha256") for k, o in sorted(by_name[r]["outputs"].items())} for r in records if r in by_name}
+    doc = {"params": manifest.get("params"), "shards": shards, "split": {k: list(v) for k, v in lists.items()}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def _train_cmd(nproc: int, recipe: str, config: str, overrides: Sequence[str], run_dir: Path) -> List[str]:
@@ -430,7 +468,6 @@ def run_pipeline(
             stamps name paths inside it relative to it, so the copy keeps the finished stages.
     """
     from hlmtune._io import atomic_write_text, ensure_dir
-    from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
     from hlmtune.hlm.evaluate import (RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, baseline_table, class_table, evaluate,
@@ -447,6 +484,8 @@ def run_pipeline(
                          f"got {pretrainings}")
     if pretrain_seed < 0:
         raise ValueError(f"--pretrain-seed must be >= 0, got {pretrain_seed}")
+    if calibration is not None and not Path(calibration).is_file():  # before hours of training, not after
+        raise FileNotFoundError(f"--calibration {calibration}: no such file (hlmtune cv writes calibration.json)")
     out = ensure_dir(out, "--out").resolve()
     root = Path(job_root).resolve() if job_root is not None else out
     t_all = time.perf_counter()
@@ -460,12 +499,9 @@ def run_pipeline(
     db, described, split_file = find_data(data, out, source)
     if split_file is None and (db / "splits.json").exists():
         split_file = db / "splits.json"
+    lists = load_split_file(str(split_file) if split_file is not None else None)  # names the file if bad
     _say(f"data: {described}")
-    if split_file is not None:
-        lists = json.loads(split_file.read_text())
-        records = list(lists["DS1"]) + list(lists["DS2"])
-    else:
-        records = list(MITDB_DS1) + list(MITDB_DS2)
+    records = list(lists["DS1"]) + list(lists["DS2"])
     timings["data"] = time.perf_counter() - t0
 
     # 2. tokenize (resumes record by record)
@@ -476,7 +512,14 @@ def run_pipeline(
     if not summary.ok:
         raise RuntimeError("tokenize failed for some records:\n" + summary.format())
     timings["tokenize"] = time.perf_counter() - t0
+    # The report is written last, from this call's models: once the input is known good, none is
+    # there until then, so a call that fails (or is killed) while training or evaluating leaves no
+    # report of the models it was replacing.
+    (out / "report" / "report.md").unlink(missing_ok=True)
 
+    # What the models learn from and are tested on, beyond the commands' paths: a changed split
+    # file or re-tokenized records under the same paths redo training and evaluation.
+    data = data_digest(tokens, lists, records)
     env = dict(os.environ)
     # One intra-op thread per rank on a CPU host (ranks x threads = cores), as torchrun does for >1 rank.
     env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
@@ -510,7 +553,7 @@ def run_pipeline(
             + (f", seed {s}" if s else "") + (f" ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
             _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
                        [*pre_over, *([f"seed={s}"] if s else [])], run),
-            root=root,
+            root=root, data=data,
         )
         pre_s.append(took)
         pre_redone.append(ran)
@@ -531,7 +574,7 @@ def run_pipeline(
             _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
                        [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pres[src]}",
                         f"dataset.num_examples={finetune_examples}", *seed, *finetune_overrides], run),
-            root=root,
+            root=root, data=data,
         )
         ft_s.append(took)
         ft_redone.append(ran)
@@ -545,7 +588,7 @@ def run_pipeline(
     eval_stamp = report / STAGE_STAMP
     run_paths = [str(r) for r in fts]
     cal = str(Path(calibration).resolve()) if calibration else None
-    asked = {"format": EVAL_FORMAT, "runs": portable(run_paths, root), "max_eval": max_eval,
+    asked = {"format": EVAL_FORMAT, "data": data, "runs": portable(run_paths, root), "max_eval": max_eval,
              "calibration": portable([cal], root)[0] if cal else None,
              "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
     absolute = {**asked, "runs": run_paths, "calibration": cal}  # the stamp of an older version (accepted in place)
@@ -683,24 +726,41 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
     p.add_argument("--force", action="store_true", help="redo finished stages")
 
 
+# Bad input of a job (its data, its flags' values, its output folder): one line, exit 2.
+JOB_INPUT_ERRORS = (OutputPathError, FileNotFoundError, SplitError, ValueError)
+
+
+def job_flag_error(args: argparse.Namespace) -> Optional[str]:
+    """The first of the job's numeric flags out of range, as a message; None when all are in range.
+
+    Args:
+        args (argparse.Namespace): ``nproc``, ``pretrain_steps``, ``finetune_examples``, ``seeds``,
+            ``pretrainings``, ``pretrain_seed`` and (optional) ``max_eval``.
+    """
+    for flag, v, least in (("--nproc", args.nproc, 1), ("--pretrain-steps", args.pretrain_steps, 1),
+                           ("--finetune-examples", args.finetune_examples, 1), ("--seeds", args.seeds, 1),
+                           ("--pretrainings", args.pretrainings, 1), ("--pretrain-seed", args.pretrain_seed, 0),
+                           ("--max-eval", getattr(args, "max_eval", None), 1)):
+        if v is not None and v < least:  # --max-eval None: every test beat
+            return f"{flag} must be >= {least}, got {v}"
+    if args.pretrainings > args.seeds:
+        return f"--pretrainings must be 1..--seeds ({args.seeds}): each pretrained model needs a fine-tune, got {args.pretrainings}"
+    return None
+
+
 def run_job(prog: str, args: argparse.Namespace, job: Any) -> int:
     """Check the shared flags, run ``job()`` (returns the report path) and map errors to exit codes.
 
     Returns:
         int: 0 (the report path printed last), 2 (bad input: one line) or 1 (a stage failed).
     """
-    from hlmtune._io import OutputPathError
-    from hlmtune.hlm.splits import SplitError
-
-    for flag, v, least in (("--nproc", args.nproc, 1), ("--pretrain-steps", args.pretrain_steps, 1),
-                           ("--finetune-examples", args.finetune_examples, 1), ("--seeds", args.seeds, 1),
-                           ("--pretrainings", args.pretrainings, 1), ("--pretrain-seed", args.pretrain_seed, 0)):
-        if v < least:
-            print(f"hlmtune {prog}: {flag} must be >= {least}, got {v}", file=sys.stderr)
-            return 2
+    bad = job_flag_error(args)
+    if bad:
+        print(f"hlmtune {prog}: {bad}", file=sys.stderr)
+        return 2
     try:
         report = job()
-    except (OutputPathError, FileNotFoundError, SplitError, ValueError) as e:
+    except JOB_INPUT_ERRORS as e:
         print(f"hlmtune {prog}: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:

@@ -60,10 +60,12 @@ def load_split_file(path: Optional[str]) -> Dict[str, Tuple[str, ...]]:
         raise SplitError(f"split_file {p}: not JSON ({e})") from None
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in (TRAIN, TEST)):
         raise SplitError(f"split_file {p}: must hold lists 'DS1' (train) and 'DS2' (test)")
-    both = sorted(set(data[TRAIN]) & set(data[TEST]))
+    # Names compared as the strings the shards use: 100 and "100" are one record.
+    lists = {k: tuple(map(str, data[k])) for k in (TRAIN, TEST)}
+    both = sorted(set(lists[TRAIN]) & set(lists[TEST]))
     if both:
         raise SplitError(f"split_file {p}: records in both DS1 and DS2: {both}")
-    return {TRAIN: tuple(map(str, data[TRAIN])), TEST: tuple(map(str, data[TEST]))}
+    return lists
 
 
 def resolve_records(
@@ -97,12 +99,7 @@ def resolve_records(
 
         close = difflib.get_close_matches(str(split), SPLIT_NAMES, n=1)
         raise SplitError(f"split must be one of {SPLIT_NAMES}, got {split!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    if records is not None:
-        chosen = [str(r) for r in records]
-    elif split == RANDOM:
-        chosen = list(lists[TRAIN]) + list(lists[TEST])
-    else:
-        chosen = list(lists[split])
+    chosen = records_asked(split=split, records=records, lists=lists)
     test = set(lists[TEST])
     if not evaluation and split != RANDOM:
         leaked = sorted(set(chosen) & test)
@@ -121,6 +118,24 @@ def resolve_records(
         raise SplitError(f"records {missing} are not in the token shards{hint}")
     order = {r: i for i, r in enumerate(available)}
     return sorted(chosen, key=order.__getitem__)
+
+
+def records_asked(*, split: str, records: Optional[Sequence[str]], lists: Dict[str, Tuple[str, ...]]) -> List[str]:
+    """The records a dataset section asks for (``records`` wins over ``split``), unchecked.
+
+    Args:
+        split (str): ``DS1``, ``DS2`` or ``random`` (both lists).
+        records (Optional[Sequence[str]]): an explicit list.
+        lists (Dict[str, Tuple[str, ...]]): :func:`load_split_file`'s lists.
+
+    Returns:
+        List[str]: record names.
+    """
+    if records is not None:
+        return [str(r) for r in records]
+    if split == RANDOM:
+        return list(lists[TRAIN]) + list(lists[TEST])
+    return list(lists[split])
 
 
 def check_disjoint(train: Sequence[str], test: Sequence[str], *, what: str = "run") -> None:
