@@ -204,6 +204,15 @@ def build_table(
         for k, v in shares.items():
             row[k] = sum(v) / len(v)
         row["run_dirs"] = ";".join(m["dir"] for m in members)
+        # Repeats of one setting average into one measurement only when they did the same work
+        # (a run of 8 steps and one of 16 are not one T): otherwise the row's T is no run's.
+        done = [w for w, _ in works if w]
+        row["_mixed_work"] = bool(done) and (max(done) - min(done)) / max(done) > work_tolerance
+        if row["_mixed_work"]:
+            problems.append({"path": row["run_dirs"], "reason": (
+                f"mismatched: the {len(members)} runs of this row did different work ({min(done):.6g} to "
+                f"{max(done):.6g} {row['_work_kind'] or 'units'}, > {100 * work_tolerance:g}% apart): their mean T "
+                "is no run's; T-based speedup/efficiency/overhead left empty for it and against it")})
         rows.append(row)
 
     # Scaling against the 1-device row of the baseline group.
@@ -252,7 +261,7 @@ def build_table(
                     })
             elif r is not b:
                 problems.append({"path": r["run_dirs"], "reason": "work not verified: tokens/samples unknown for this run or its baseline"})
-            if same_work and r["total_time_s"]:
+            if same_work and r["total_time_s"] and not (r["_mixed_work"] or b["_mixed_work"]):
                 t1, tn = b["total_time_s"], r["total_time_s"]
                 r["speedup"] = t1 / tn
                 r["efficiency"] = r["speedup"] / n

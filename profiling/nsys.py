@@ -65,7 +65,9 @@ HEADLINE_NCCL = ("nccl_AllGather", "nccl_ReduceScatter", "nccl_AllReduce")
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # Decimal MB in current reports; the pre-2021 gpumemsizesum used KiB with a bare "Total".
 _SIZE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
-_API_SUFFIX = re.compile(r"(_v\d+)?(_ptsz|_ptds)?$")
+# CUPTI's names end in a version and, for per-thread default streams, _ptsz / _ptds, in either
+# order (cudaLaunchKernel_ptsz_v7000, cudaMemcpyAsync_v3020_ptds): every such suffix goes.
+_API_SUFFIX = re.compile(r"(?:_v\d+|_ptsz|_ptds)+$")
 _NCCL = re.compile(r"nccl[A-Za-z]*?_?(AllGather|ReduceScatter|AllReduce|Broadcast|SendRecv|Reduce)")
 _MEMOP = {
     "host-to-device": "memcpy_HtoD", "htod": "memcpy_HtoD",
@@ -256,7 +258,10 @@ def parse_sqlite(path: str | os.PathLike) -> Dict[str, Dict[str, List[Dict[str, 
     path = Path(path)
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as e:  # a corrupt or foreign file: named, not a traceback
+            raise NsysFormatError(f"{path}: not an SQLite database ({e})") from None
         if "StringIds" not in tables:
             raise NsysFormatError(f"{path}: no StringIds table: not an nsys SQLite export")
         if not any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):

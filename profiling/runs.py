@@ -70,6 +70,11 @@ def sanitize(obj: Any) -> Any:
     return str(obj)
 
 
+def _whole(v: Any) -> bool:
+    """A step count as JSON writes one: an integer (not a bool, not a string)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def read_steps(path: str | os.PathLike) -> Tuple[List[Dict[str, Any]], List[str]]:
     """Read ``steps.jsonl``, skipping lines that cannot be read.
 
@@ -104,6 +109,9 @@ def read_steps(path: str | os.PathLike) -> Tuple[List[Dict[str, Any]], List[str]
             continue
         if not isinstance(obj, dict) or "step" not in obj:
             notes.append(f"{path}:{i + 1}: corrupt line skipped (expected an object with a 'step' key)")
+            continue
+        if not all(_whole(obj[k]) for k in ("step", "steps_elapsed") if k in obj):
+            notes.append(f"{path}:{i + 1}: corrupt line skipped ('step' and 'steps_elapsed' must be whole numbers)")
             continue
         records.append(obj)
     return records, notes
@@ -320,6 +328,8 @@ def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) 
             run = json.loads((d / RUN_FILE).read_text(encoding="utf-8"))
         except ValueError as e:
             raise RunReadError(f"{d / RUN_FILE}: not valid JSON ({e})") from None
+        if not isinstance(run, dict):
+            raise RunReadError(f"{d / RUN_FILE}: expected a JSON object, got {type(run).__name__}")
     else:
         notes.append(f"{d / RUN_FILE} missing: metadata unknown")
     records: List[Dict[str, Any]] = []
@@ -332,6 +342,8 @@ def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) 
             written = json.loads((d / SUMMARY_FILE).read_text(encoding="utf-8"))
         except ValueError as e:
             raise RunReadError(f"{d / SUMMARY_FILE}: not valid JSON ({e})") from None
+        if not isinstance(written, dict):
+            raise RunReadError(f"{d / SUMMARY_FILE}: expected a JSON object, got {type(written).__name__}")
     w = warmup_steps if warmup_steps is not None else int(run.get("warmup_steps", 1) or 0)
     summary = summarize_steps(records, warmup_steps=w, world_size=int(run.get("world_size") or 1))
     # summary.json is written by close() only, from every line of steps.jsonl as it was then.

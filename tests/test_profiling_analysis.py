@@ -131,6 +131,28 @@ def test_mismatched_work_is_listed_and_not_compared(tmp_path: Path, monkeypatch:
     assert any(p["reason"].startswith("mismatched") for p in res["problems"])
 
 
+def test_repeats_that_did_different_work_are_not_averaged_into_a_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two 1-device runs of one setting, 8 and 16 steps: their mean T is no run's, so neither the
+    # row's nor the 2-device row's T-based scaling is computed; throughput still compares.
+    make_run(tmp_path / "r" / "a", monkeypatch, world_size=1, step_times=[1.0] * 9, tokens_per_step=100)
+    make_run(tmp_path / "r" / "b", monkeypatch, world_size=1, step_times=[1.0] * 17, tokens_per_step=100)
+    # the 2-device run did the mean of their work (13 x 100 tokens): only the row check tells
+    make_run(tmp_path / "r" / "n2", monkeypatch, world_size=2, step_times=[1.0] * 13, tokens_per_step=100)
+    res = collect([tmp_path / "r"], tmp_path / "o", plots=False)
+    one = next(r for r in res["rows"] if r["devices"] == 1)
+    two = next(r for r in res["rows"] if r["devices"] == 2)
+    assert one["n_runs"] == 2 and two.get("speedup") is None and two.get("efficiency") is None
+    assert two.get("overhead_s") is None and two["speedup_tput"] == pytest.approx(1.0)
+    assert any(p["reason"].startswith("mismatched: the 2 runs of this row did different work") for p in res["problems"])
+    # repeats of the same work still average
+    make_run(tmp_path / "s" / "a", monkeypatch, world_size=1, step_times=[1.0] * 9, tokens_per_step=100)
+    make_run(tmp_path / "s" / "b", monkeypatch, world_size=1, step_times=[1.2] * 9, tokens_per_step=100)
+    make_run(tmp_path / "s" / "n2", monkeypatch, world_size=2, step_times=[0.6] * 9, tokens_per_step=100)
+    res = collect([tmp_path / "s"], tmp_path / "o2", plots=False)
+    two = next(r for r in res["rows"] if r["devices"] == 2)
+    assert two["speedup"] == pytest.approx(1.1 / 0.6) and not any("mismatched" in p["reason"] for p in res["problems"])
+
+
 def test_partial_run_is_listed_with_reason_and_truncated_line_tolerated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_run(tmp_path / "r" / "n1", monkeypatch, world_size=1, step_times=[0.5] * 6, tokens_per_step=100)
     log = make_run(tmp_path / "r" / "killed", monkeypatch, world_size=2, step_times=[0.5] * 3, tokens_per_step=200, close=False)

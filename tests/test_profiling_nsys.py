@@ -102,6 +102,8 @@ def test_name_normalization() -> None:
     assert normalize_api_name("cudaLaunchKernel_v7000") == "cudaLaunchKernel"
     assert normalize_api_name("cudaMemcpyAsync_v3020") == "cudaMemcpyAsync"
     assert normalize_api_name("cudaMemcpyAsync_ptsz") == "cudaMemcpyAsync"
+    assert normalize_api_name("cudaLaunchKernel_ptsz_v7000") == "cudaLaunchKernel"  # CUPTI's own order
+    assert normalize_api_name("cudaMemcpyAsync_v3020_ptds") == "cudaMemcpyAsync"
     assert normalize_memop("[CUDA memcpy Host-to-Device]") == normalize_memop("[CUDA memcpy HtoD]") == "memcpy_HtoD"
     assert normalize_memop("[CUDA memset]") == "memset"
     assert nccl_collective("ncclDevKernel_AllGather_RING_LL(ncclDevComm *, unsigned long, ncclWork *)") == "nccl_AllGather"
@@ -165,6 +167,10 @@ def test_sqlite_export_split_per_process(tmp_path: Path) -> None:
         empty = tmp_path / "other.sqlite"
         sqlite3.connect(empty).execute("CREATE TABLE t (x)").connection.close()
         parse_sqlite(empty)
+    garbage = tmp_path / "report.sqlite"
+    garbage.write_text("garbage, not a database" * 10)
+    with pytest.raises(NsysFormatError, match=r"report\.sqlite: not an SQLite database"):
+        parse_sqlite(garbage)
 
 
 def test_commands_built(monkeypatch: pytest.MonkeyPatch) -> None:

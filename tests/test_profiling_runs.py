@@ -45,6 +45,12 @@ def test_corrupt_line_is_skipped_and_named_by_file_and_line(tmp_path: Path) -> N
     p.write_text('{"step": 1}\n[1, 2]\n{"step": 3}\n')
     recs, notes = read_steps(p)
     assert [r["step"] for r in recs] == [1, 3] and "'step' key" in notes[0]
+    # JSON, but not a step count: skipped and named, not a crash of the summary that follows
+    p.write_text('{"step": 1}\n{"step": null}\n{"step": "x"}\n{"step": 4, "steps_elapsed": "a"}\n{"step": true}\n'
+                 '{"step": 6, "steps_elapsed": 2}\n')
+    recs, notes = read_steps(p)
+    assert [r["step"] for r in recs] == [1, 6] and len(notes) == 4
+    assert all("must be whole numbers" in n for n in notes) and summarize_steps(recs, warmup_steps=0, world_size=1)
 
 
 def test_summary_definitions() -> None:
@@ -93,6 +99,11 @@ def test_load_run_without_summary_is_partial(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text("{")
     with pytest.raises(RunReadError, match="run.json: not valid JSON"):
         load_run(tmp_path)
+    for name in ("run.json", "summary.json"):  # valid JSON that is not an object
+        (tmp_path / "run.json").write_text("{}")
+        (tmp_path / name).write_text("[1]")
+        with pytest.raises(RunReadError, match=f"{name}: expected a JSON object, got list"):
+            load_run(tmp_path)
 
 
 def test_closed_run_with_truncated_last_line_keeps_its_written_summary(tmp_path: Path) -> None:

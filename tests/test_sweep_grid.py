@@ -66,6 +66,8 @@ def test_floats_like_configs(tmp_path):
     ({"axes": {"devices": []}}, "axes.devices: empty axis"),
     ({}, "axes: no axes"),
     ({"axes": {"lr": [0.1, 0.2]}}, "axes.lr: this axis changes nothing"),
+    ({"axes": {"device": [1, 2]}}, "axes.device: this axis changes nothing (did you mean 'devices'?)"),
+    ({"axes": {"cpu_per_task": [8]}}, "axes.cpu_per_task: this axis changes nothing (did you mean 'cpus_per_task'?)"),
     ({"axes": {"devices": [1, 1]}}, "axes.devices[1]: value 1 appears twice"),
     ({"axes": {"devices": [1]}, "zip": [{"cpus_per_task": [8, 16], "w": {"key": "data_loader.num_workers", "values": [1, 2, 3]}}]},
      "zip[0]: zip lists differ in length: cpus_per_task has 2, w has 3"),
@@ -89,6 +91,17 @@ def test_cpu_nodes_count_ranks_against_cpus(tmp_path):
     assert "task 1 (devices=4): devices=4 CPU ranks per node but a node has 2 CPUs" in msg
     tasks = expand(load_grid(_grid(tmp_path, node={"gpus": 0}, axes={"devices": [1, 2]})))
     assert [(t.slurm["cpus_per_task"], t.slurm["gpus"]) for t in tasks] == [(1, 0), (2, 0)]
+
+
+def test_an_unquoted_slurm_time_is_the_time_written(tmp_path):
+    """YAML 1.1 reads 2:00:00 as 7200 (base 60): a grid keeps it as the text, for SLURM's --time."""
+    p = tmp_path / "grid.yaml"
+    p.write_text("name: g\nconfig: tiny_lora\nslurm: {time: 2:00:00}\naxes:\n  time: [30:00, 1-00:00:00]\n"
+                 "  lr: {key: optimizer.lr, values: [3e-4]}\n")
+    tasks = expand(load_grid(p))
+    assert [t.slurm["time"] for t in tasks] == ["30:00", "1-00:00:00"]
+    p.write_text("name: g\nconfig: tiny_lora\nslurm: {time: 2:00:00}\naxes:\n  lr: {key: optimizer.lr, values: [3e-4]}\n")
+    assert expand(load_grid(p))[0].slurm["time"] == "2:00:00"
 
 
 def test_not_yaml_and_missing(tmp_path):

@@ -66,6 +66,38 @@ def test_round_trip_restores_weights_optimizer_scheduler_and_data_position(one_r
     assert torch.equal(next(iter(loader2)), expected_next)
 
 
+def test_an_epoch_end_checkpoint_starts_the_next_epoch_afresh(one_rank_group, tmp_path):
+    """Saved after an epoch cut short (max_steps_per_epoch), the next epoch after resuming is that
+    epoch's own shuffled pass, as in the run that was not stopped, not the rest of the old one."""
+    from torch.utils.data.distributed import DistributedSampler
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader():
+        data = list(range(20))
+        sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+        return StatefulDataLoader(data, batch_size=2, sampler=sampler), sampler
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # optimizer state to save
+    dl, sampler = loader()
+    sampler.set_epoch(0)
+    it = iter(dl)
+    for _ in range(3):  # epoch 0 stops after 3 of its 10 batches
+        next(it)
+    path = ckpt.save_training_state(output_dir=tmp_path, model=model, optimizer=opt, lr_scheduler=None,
+                                    dataloader=dl, recipe_state={"global_step": 3, "epochs_run": 1, "step_in_epoch": 0})
+    sampler.set_epoch(1)
+    uninterrupted = [b.tolist() for b in dl][:3]
+
+    dl2, sampler2 = loader()
+    ckpt.load_training_state(path, model=model, optimizer=opt, lr_scheduler=None, dataloader=dl2)
+    sampler2.set_epoch(1)
+    it2 = iter(dl2)
+    assert [next(it2).tolist() for _ in range(3)] == uninterrupted
+
+
 def test_missing_file_is_named(one_rank_group, tmp_path):
     d = ckpt.checkpoint_root(tmp_path) / "step_1"
     d.mkdir(parents=True)

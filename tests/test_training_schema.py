@@ -33,6 +33,9 @@ def test_tiny_config_is_valid(tiny_cfg):
     ("batch_size=0", "positive integer"),
     ("data_loader.split=round_robin", "data_loader.split"),
     ("keep_last_n_checkpoints=0", "keep_last_n_checkpoints must be a positive integer"),
+    # a profiler section without _component_ is built as torchtune's default: checked as one
+    ("profiler.enabeld=True", "profiler.enabeld: torchtune.training.setup_torch_profiler has no argument 'enabeld' "
+                              "(did you mean 'enabled'?)"),
 ])
 def test_bad_overrides_are_named(monkeypatch, tmp_path, override, needle):
     monkeypatch.setenv("HLM_DATA", str(tmp_path))
@@ -118,6 +121,20 @@ def test_resolve_component():
 def test_build_model_on_meta_counts_8b_without_memory():
     n = build_model_on_meta(OmegaConf.create({"_component_": "torchtune.models.llama3.llama3_8b"}), "bf16")
     assert 8.0e9 < n < 8.1e9
+
+
+def test_checkpointer_resume_keys_warn_that_the_pack_resumes_its_own_way(tiny_cfg):
+    """The recipes hand torchtune's checkpointer resume_from_checkpoint=False and keep their own
+    state: a resume asked of the checkpointer would silently start afresh, so it is named."""
+    cfg = OmegaConf.merge(tiny_cfg, {"checkpointer": {"resume_from_checkpoint": True, "recipe_checkpoint": "r.pt"}})
+    validate_config(cfg, "lora_finetune_distributed", check_components=False)
+    got = [w for w in config_warnings(cfg, "lora_finetune_distributed") if "checkpointer." in w]
+    assert got == [
+        "key 'checkpointer.resume_from_checkpoint' (True) is ignored: the pack's recipes resume from their own "
+        "checkpoints; set the top-level resume_from_checkpoint=True",
+        "key 'checkpointer.recipe_checkpoint' ('r.pt') is ignored: the pack's recipes keep their state in "
+        "output_dir/checkpoints (resume_from_checkpoint=True)"]
+    assert not [w for w in config_warnings(tiny_cfg, "lora_finetune_distributed") if "checkpointer." in w]
 
 
 def test_compile_mode_warns_where_it_cannot_act(tiny_cfg):

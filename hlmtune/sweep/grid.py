@@ -353,6 +353,11 @@ def _yaml_loader():
         ),
         list("-+0123456789."),
     )
+    # YAML 1.1 reads 2:00:00 as the base-60 integer 7200: an unquoted SLURM time would become
+    # 7200 minutes. Such values stay the text they are (checked first, before the int resolver).
+    sexagesimal = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+    for first in "-+0123456789":
+        GridLoader.yaml_implicit_resolvers.setdefault(first, []).insert(0, ("tag:yaml.org,2002:str", sexagesimal))
     return GridLoader
 
 
@@ -479,8 +484,9 @@ def load_grid(path: str | Path) -> Grid:
         effect = a.key or a.name in TASK_SLURM_KEYS or a.name in SPECIAL_AXES or a.name in referenced
         effect = effect or any(v.set or v.unset or v.config or v.recipe or v.slurm for v in a.values)
         if not effect:
-            raise ctx.err(f"axes.{a.name}", "this axis changes nothing: give it `key:` (the config key it sets), "
-                          "use it as {" + a.name + "} in `config:`, or give its values `set:`/`config:`/`slurm:`")
+            hint = closest(a.name, [*TASK_SLURM_KEYS, *SPECIAL_AXES])  # a built-in axis misspelt
+            raise ctx.err(f"axes.{a.name}", f"this axis changes nothing{hint}: give it `key:` (the config key it "
+                          "sets), use it as {" + a.name + "} in `config:`, or give its values `set:`/`config:`/`slurm:`")
         if a.key and (a.name in TASK_SLURM_KEYS or a.name in SPECIAL_AXES):
             raise ctx.err(f"axes.{a.name}.key", f"'{a.name}' is a built-in axis; name a config-key axis differently")
 

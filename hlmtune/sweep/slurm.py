@@ -69,19 +69,25 @@ def submit(manifest: Dict[str, Any], sweep_dir: Path, task_ids: Sequence[int], m
     if limit is not None and wanted and max(wanted) >= limit:
         raise SweepError(f"task id {max(wanted)} is not below this cluster's MaxArraySize={limit}: "
                          "split the grid into sweeps of fewer tasks")
-    arrays = []
-    for g in manifest["groups"]:
-        ids = [i for i in g["tasks"] if i in wanted]
-        if not ids:
-            continue
-        spec = array_spec(ids, max_concurrent)
-        job = sbatch([f"--array={spec}", str(sweep_dir / g["script"])])
-        arrays.append({"group": g["id"], "job_id": job, "array": spec, "tasks": ids})
+    arrays: List[Dict[str, Any]] = []
     entry: Dict[str, Any] = {"time": datetime.now(timezone.utc).isoformat(), "arrays": arrays, "collect_job_id": None}
-    if collect and arrays and (sweep_dir / "collect.sbatch").exists():
-        dep = "afterany:" + ":".join(a["job_id"] for a in arrays)
-        entry["collect_job_id"] = sbatch([f"--dependency={dep}", "--kill-on-invalid-dep=yes", str(sweep_dir / "collect.sbatch")])
-    record_submission(sweep_dir, entry)
+    try:
+        for g in manifest["groups"]:
+            ids = [i for i in g["tasks"] if i in wanted]
+            if not ids:
+                continue
+            spec = array_spec(ids, max_concurrent)
+            job = sbatch([f"--array={spec}", str(sweep_dir / g["script"])])
+            arrays.append({"group": g["id"], "job_id": job, "array": spec, "tasks": ids})
+        if collect and arrays and (sweep_dir / "collect.sbatch").exists():
+            dep = "afterany:" + ":".join(a["job_id"] for a in arrays)
+            entry["collect_job_id"] = sbatch([f"--dependency={dep}", "--kill-on-invalid-dep=yes",
+                                              str(sweep_dir / "collect.sbatch")])
+    finally:
+        # Arrays already queued are recorded even when a later sbatch is refused: status sees
+        # them and --resume does not submit their tasks a second time.
+        if arrays:
+            record_submission(sweep_dir, entry)
     return entry
 
 
@@ -94,6 +100,12 @@ def queue_states(job_ids: Sequence[str]) -> Dict[tuple, str]:
         return {}
     proc = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%F|%K|%T"],
                           capture_output=True, text=True, timeout=_TIMEOUT)
+    if proc.returncode != 0 and "invalid job id" not in proc.stderr.lower():
+        # (An invalid job id is a job the controller no longer knows: finished long ago, none queued.)
+        # Anything else (a controller timeout) says nothing about what runs: an empty answer would
+        # have --resume submit running tasks again into their live run folders.
+        raise SweepError(f"squeue failed (exit {proc.returncode}: {proc.stderr.strip()[:300]}): cannot tell which "
+                         "tasks are queued or running; try again when the controller answers")
     out: Dict[tuple, str] = {}
     for line in proc.stdout.splitlines():
         parts = line.strip().split("|")

@@ -18,6 +18,10 @@ from hlmtune.sweep.prepare import EVENTS, METRICS_DIR, load_submissions, run_com
 
 # SLURM states of a task that ended badly (sacct / scontrol names).
 _FAILED = ("FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+# Accounting states of a task not finished yet (squeue may not list it: it was just submitted or
+# requeued, or the controller dropped it from its answer).
+_ACCOUNTED_PENDING = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
+_ACCOUNTED_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT")
 # Headline metrics for the per-task table (from the collector's summary).
 METRIC_KEYS = ("steps", "loss_last", "iteration_time_s_median", "tokens_per_second", "peak_memory_alloc_gib",
                "peak_rss_gib", "total_time_s", "wall_time_s")
@@ -93,14 +97,21 @@ def task_states(manifest: Dict[str, Any], sweep_dir: Path, *, use_slurm: bool = 
             row["state"], row["detail"] = "interrupted", f"last event: {last.get('event')}"
             if job:
                 need_acct.append(row)
+        elif job:  # submitted, not queued, no event: it may have failed before it could start
+            need_acct.append(row)
         rows.append(row)
     if use_slurm and need_acct:
         final = slurm.accounting_states(sorted({r["job"].split("_")[0] for r in need_acct}))
         for r in need_acct:
             jid, _, tid = r["job"].partition("_")
             st = final.get((jid, int(tid))) if tid else None
-            if st and st.split()[0] in _FAILED:
-                r["state"], r["detail"] = "failed", st.lower()
+            state = st.split()[0] if st else None
+            if state in _FAILED:
+                r["state"], r["detail"] = "failed", st.lower() + ("" if r["state"] == "interrupted" else ", before it started")
+            elif state in _ACCOUNTED_PENDING:  # accounting still has it queued or running
+                r["state"], r["detail"] = "pending", state.lower()
+            elif state in _ACCOUNTED_RUNNING:
+                r["state"], r["detail"] = "running", state.lower()
     return rows
 
 

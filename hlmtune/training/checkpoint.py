@@ -186,7 +186,12 @@ def load_training_state(
     rank_file = ckpt_dir / f"rank{rank}.pt"
     if state.get("world_size") == dist.get_world_size() and rank_file.exists():
         per_rank = torch.load(rank_file, weights_only=True)
-        dataloader.load_state_dict(per_rank["dataloader"])
+        if state.get("step_in_epoch", 0):
+            # Mid-epoch: the loader goes on where it stopped. At an epoch's end (step_in_epoch 0)
+            # the next epoch is a fresh pass in that epoch's own order, as in the run that was
+            # not stopped; the loader's position (partway through the finished epoch when
+            # max_steps_per_epoch cut it, or batches were left over) must not carry into it.
+            dataloader.load_state_dict(per_rank["dataloader"])
         _set_rng_state(per_rank["rng"])
     elif state.get("step_in_epoch", 0):
         raise RuntimeError(

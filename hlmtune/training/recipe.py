@@ -54,7 +54,7 @@ from hlmtune.training.fastpath import (
 from hlmtune.training.errors import RunError, install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
 from hlmtune.profiling.memory import PeakMemory
-from hlmtune.training.schema import config_warnings, resolve_component, validate_config
+from hlmtune.training.schema import PROFILER_COMPONENT, config_warnings, resolve_component, validate_config
 from hlmtune.training.spec import RecipeSpec
 
 log = utils.get_logger("INFO")
@@ -743,7 +743,7 @@ class RecipeBase:
     def _setup_profiler(self, cfg_profiler: Optional[DictConfig]) -> Any:
         if cfg_profiler is None or not cfg_profiler.get("enabled", False):
             return training.DummyProfiler()
-        cfg_profiler = OmegaConf.merge({"_component_": "torchtune.training.setup_torch_profiler"}, cfg_profiler)
+        cfg_profiler = OmegaConf.merge({"_component_": PROFILER_COMPONENT}, cfg_profiler)
         profiler, _ = config.instantiate(cfg_profiler)
         return profiler
 

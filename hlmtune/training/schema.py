@@ -89,6 +89,9 @@ _RECIPE_SUPPLIED = {
 }
 
 
+# What a `profiler:` section without `_component_` is built as (torchtune's recipes do the same).
+PROFILER_COMPONENT = "torchtune.training.setup_torch_profiler"
+
 def accepted_keys(spec: RecipeSpec) -> FrozenSet[str]:
     """Top-level keys a recipe accepts: its mirrored torchtune recipe's, its own, the pack's.
 
@@ -294,6 +297,9 @@ def validate_config(
         for key, value in data.items():
             if key not in allowed:
                 continue
+            if key == "profiler" and isinstance(value, Mapping) and "_component_" not in value:
+                # the recipes build a profiler section without a component as torchtune's default
+                value = {"_component_": PROFILER_COMPONENT, **value}
             if isinstance(value, Mapping) and "_component_" in value:
                 _check_component(value, key, errors)
             elif isinstance(value, list):  # e.g. a list of datasets (ConcatDataset)
@@ -423,6 +429,16 @@ def config_warnings(cfg: DictConfig | Mapping[str, Any], recipe: Union[str, Reci
             honoured, why = NOT_HONOURED[key]
             if not honoured(value):
                 out.append(f"key '{key}' ({value!r}) is ignored by {spec.name}: {why}")
+    ck = data.get("checkpointer")
+    if isinstance(ck, Mapping):
+        # The pack's recipes resume from their own checkpoints (training/checkpoint.py) and hand
+        # the torchtune checkpointer resume_from_checkpoint=False: these keys change nothing there.
+        if ck.get("resume_from_checkpoint"):
+            out.append("key 'checkpointer.resume_from_checkpoint' (True) is ignored: the pack's recipes resume "
+                       "from their own checkpoints; set the top-level resume_from_checkpoint=True")
+        if ck.get("recipe_checkpoint") is not None:
+            out.append(f"key 'checkpointer.recipe_checkpoint' ({ck['recipe_checkpoint']!r}) is ignored: the pack's "
+                       "recipes keep their state in output_dir/checkpoints (resume_from_checkpoint=True)")
     mode = data.get("compile_mode", "default")
     if mode != "default" and not data.get("compile", False):
         out.append(f"key 'compile_mode' ({mode!r}) is ignored: compile is not True")
