@@ -53,6 +53,13 @@ def test_every_value_must_be_quoted(tmp_path):
     assert shquote(3) == "3"
 
 
+@pytest.mark.parametrize("folder,says", [("runs'x", "must not contain quotes"), ("runs%j", "must not contain '%'")])
+def test_a_sweep_folder_the_scripts_cannot_name_is_refused(tmp_path, folder, says):
+    """Paths land in #SBATCH lines, where quotes cannot be escaped and sbatch expands %-patterns."""
+    with pytest.raises(SweepError, match=says):
+        _plan(tmp_path, _base("p"), tmp_path / folder)
+
+
 def test_variants_pass_shellcheck(tmp_path):
     runs = tmp_path / "runs"
     variants = [
@@ -119,3 +126,8 @@ def test_values_with_spaces_and_semicolons_stay_one_argument(tmp_path):
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0 and "complete run found" in proc.stdout
     assert len((run_dir / "stub_calls.jsonl").read_text().splitlines()) == 1
+    # a summary that is not complete is not a complete run (status and --resume say the same)
+    (run_dir / "metrics" / "summary.json").write_text(json.dumps({"complete": False, "steps": 1}))
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "complete run found" not in proc.stdout
+    assert len((run_dir / "stub_calls.jsonl").read_text().splitlines()) == 2

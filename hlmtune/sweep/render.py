@@ -114,6 +114,9 @@ def _check_path(p: str) -> None:
     # Paths land in #SBATCH lines and comments, where a quote or newline cannot be escaped.
     if any(c in p for c in "\n\r'\"\\"):
         raise SweepError(f"{p!r}: the sweep directory path must not contain quotes, backslashes or newlines")
+    if "%" in p:  # sbatch reads %j, %a, %% ... in --output / --error: the logs would land elsewhere
+        raise SweepError(f"{p!r}: the sweep directory path must not contain '%' (SLURM expands %-patterns "
+                         "in the #SBATCH --output path)")
 
 
 def _container(plan: Plan) -> Optional[Dict[str, Any]]:
