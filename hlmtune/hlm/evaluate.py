@@ -466,9 +466,10 @@ def check_base_models(cfg: Any, test: Sequence[str]) -> None:
     Raises:
         SplitError: naming the run and the shared records.
     """
-    from omegaconf import ListConfig
+    from omegaconf import OmegaConf
 
     from hlmtune.hlm import splits as sp
+    from hlmtune.training.schema import dataset_nodes
 
     seen = set()
     ckpt = (cfg.get("checkpointer") or {}).get("checkpoint_dir")
@@ -478,9 +479,10 @@ def check_base_models(cfg: Any, test: Sequence[str]) -> None:
         if run is None or run.resolve() in seen:
             return
         seen.add(run.resolve())
-        up = load_run_config(str(run), [])
-        nodes = up.get("dataset")
-        for node in (nodes if isinstance(nodes, (list, ListConfig)) else [nodes]) if nodes is not None else []:
+        up = OmegaConf.to_container(load_run_config(str(run), []), resolve=True)
+        for _, node in dataset_nodes(up):
+            if not isinstance(node, dict):  # a run without a dataset section read no records
+                continue
             asked = sp.records_asked(split=str(node.get("split", sp.TRAIN)), records=node.get("records"),
                                      lists=sp.load_split_file(node.get("split_file")))
             both = sorted(set(asked) & set(test))

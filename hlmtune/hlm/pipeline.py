@@ -479,9 +479,9 @@ def run_pipeline(
         raise ValueError(f"--model must be one of {sorted(ARCHS)}, got {model!r}")
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    if not 1 <= pretrainings <= seeds:
-        raise ValueError(f"--pretrainings must be 1..--seeds ({seeds}): each pretrained model needs a fine-tune, "
-                         f"got {pretrainings}")
+    bad = pretrainings_error(pretrainings, seeds)
+    if bad:
+        raise ValueError(bad)
     if pretrain_seed < 0:
         raise ValueError(f"--pretrain-seed must be >= 0, got {pretrain_seed}")
     if calibration is not None and not Path(calibration).is_file():  # before hours of training, not after
@@ -743,8 +743,13 @@ def job_flag_error(args: argparse.Namespace) -> Optional[str]:
                            ("--max-eval", getattr(args, "max_eval", None), 1)):
         if v is not None and v < least:  # --max-eval None: every test beat
             return f"{flag} must be >= {least}, got {v}"
-    if args.pretrainings > args.seeds:
-        return f"--pretrainings must be 1..--seeds ({args.seeds}): each pretrained model needs a fine-tune, got {args.pretrainings}"
+    return pretrainings_error(args.pretrainings, args.seeds)
+
+
+def pretrainings_error(pretrainings: int, seeds: int) -> Optional[str]:
+    """Why ``--pretrainings`` does not fit ``--seeds`` (each pretrained model needs a fine-tune), or None."""
+    if not 1 <= pretrainings <= seeds:
+        return f"--pretrainings must be 1..--seeds ({seeds}): each pretrained model needs a fine-tune, got {pretrainings}"
     return None
 
 

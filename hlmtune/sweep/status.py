@@ -18,9 +18,9 @@ from hlmtune.sweep.prepare import EVENTS, METRICS_DIR, load_submissions, run_com
 
 # SLURM states of a task that ended badly (sacct / scontrol names).
 _FAILED = ("FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
-# Accounting states of a task not finished yet (squeue may not list it: it was just submitted or
-# requeued, or the controller dropped it from its answer).
-_ACCOUNTED_PENDING = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
+# States of a task waiting to run, as squeue and sacct name them; and of one running (sacct: a
+# task squeue does not list may still be queued or running there).
+_PENDING = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
 _ACCOUNTED_RUNNING = ("RUNNING", "COMPLETING", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT")
 # Headline metrics for the per-task table (from the collector's summary).
 METRIC_KEYS = ("steps", "loss_last", "iteration_time_s_median", "tokens_per_second", "peak_memory_alloc_gib",
@@ -86,7 +86,7 @@ def task_states(manifest: Dict[str, Any], sweep_dir: Path, *, use_slurm: bool = 
         last = events[-1] if events else None
         if run_complete(run_dir):
             row["state"] = "done"
-        elif q in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "SUSPENDED"):
+        elif q in _PENDING:
             row["state"], row["detail"] = "pending", q.lower()
         elif q is not None:
             row["state"], row["detail"] = "running", q.lower()
@@ -108,7 +108,7 @@ def task_states(manifest: Dict[str, Any], sweep_dir: Path, *, use_slurm: bool = 
             state = st.split()[0] if st else None
             if state in _FAILED:
                 r["state"], r["detail"] = "failed", st.lower() + ("" if r["state"] == "interrupted" else ", before it started")
-            elif state in _ACCOUNTED_PENDING:  # accounting still has it queued or running
+            elif state in _PENDING:  # accounting still has it queued or running
                 r["state"], r["detail"] = "pending", state.lower()
             elif state in _ACCOUNTED_RUNNING:
                 r["state"], r["detail"] = "running", state.lower()

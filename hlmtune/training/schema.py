@@ -321,7 +321,7 @@ def _signature(comp: Any) -> Any:
         return None
 
 
-def _dataset_nodes(data: Mapping[str, Any]) -> List[tuple]:
+def dataset_nodes(data: Mapping[str, Any]) -> List[tuple]:
     """(key path, node) of the config's dataset section: ``dataset``, or ``dataset[i]`` per item of a
     list (ConcatDataset), as :func:`_check_component` names them."""
     sets = data.get("dataset")
@@ -346,7 +346,7 @@ def _check_lengths(data: Mapping[str, Any], errors: List[str]) -> None:
     ctx = _model_context(model)
     if not isinstance(ctx, int):
         return
-    for where, node in [("tokenizer", data.get("tokenizer")), *_dataset_nodes(data)]:
+    for where, node in [("tokenizer", data.get("tokenizer")), *dataset_nodes(data)]:
         n = node.get("max_seq_len") if isinstance(node, Mapping) else None
         if isinstance(n, int) and not isinstance(n, bool) and n > ctx:
             errors.append(f"{where}.max_seq_len: {n} is longer than the model's context (model.max_seq_len = {ctx}"
@@ -390,7 +390,7 @@ def _check_pairing(spec: RecipeSpec, data: Mapping[str, Any], errors: List[str])
         elif is_lora and not adapters:
             errors.append(f"model._component_: {comp} is a LoRA builder, and {spec.name} trains every weight from a "
                           f"checkpoint without adapter keys (use the base builder, or a LoRA recipe)")
-    for where, ds in _dataset_nodes(data):
+    for where, ds in dataset_nodes(data):
         if not (isinstance(ds, Mapping) and isinstance(ds.get("_component_"), str)):
             continue
         _, ret = _builder_kind(ds["_component_"])
