@@ -114,10 +114,13 @@ def _config_file(value: str) -> Optional[Path]:
         return Path(value)
     if os.path.exists(value):
         return None
-    from hlmtune.registry import config_path
+    from importlib import resources
 
-    path = config_path(value)
-    return path if path is not None and path.exists() else None
+    # a pack config by name (the YAML files of the `hlmtune.configs` data package); read from
+    # the package itself so the data layer needs nothing of the recipe registry above it
+    stem = value[:-5] if value.endswith(".yaml") else value
+    path = Path(str(resources.files("hlmtune.configs"))) / f"{stem}.yaml"
+    return path if path.is_file() else None
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:

@@ -7,7 +7,7 @@ map-style dataset of ``{"tokens", "labels"}`` (``padded_collate_sft``) or of
 ``{"chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"}``
 (``padded_collate_dpo``). Labels are -100 except where the model must predict.
 
-Splits (:mod:`hlmtune.hlm.splits`): every builder defaults to ``split: DS1`` (MIT-BIH
+Splits (:mod:`hlmtune.ecg_tokenizer.splits`): every builder defaults to ``split: DS1`` (MIT-BIH
 inter-patient training records) and refuses DS2 records, which only ``hlmtune eval`` reads.
 
 Inputs never hold the answer:
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -54,9 +54,12 @@ from torch.utils.data import Dataset
 from hlmtune.ecg_tokenizer.dataset import ECGTokensDataset, ecg_tokens_dataset, open_token_shard  # noqa: F401
 from hlmtune.ecg_tokenizer.shards import RECORDS_SUBDIR, read_manifest, stem
 from hlmtune.ecg_tokenizer.vocab import (
-    BOS_ID, EOS_ID, SEP_ID, TokenizerParams, Vocabulary, dequantize, quantize, quantizer_edges, rr_bin, rr_edges,
+    BOS_ID, EOS_ID, TokenizerParams, Vocabulary, dequantize, quantize, quantizer_edges, rr_bin, rr_edges,
 )
-from hlmtune.hlm.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
+from hlmtune.data_builders.beat_prompt import (
+    BeatBlock, BeatDraw, BeatPrompt, BeatPromptOptions, BeatSource, assemble_prompt, builder_signature, parse_options,
+)
+from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
 
 IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
 AF_RHYTHM = "(AFIB"
@@ -67,7 +70,16 @@ NORMAL_RR_S = 0.8  # 75 bpm: the interval a normalized RR token is written at
 _REJECT = {"N": ("S", "V"), "S": ("N",), "V": ("N",), "F": ("V",), "Q": ("N",)}
 
 
-def _shards(tokenizer: Any, shards_dir: Optional[str]) -> Tuple[Dict[str, Any], TokenizerParams]:
+def read_shards(tokenizer: Any, shards_dir: Optional[str]) -> Tuple[Dict[str, Any], TokenizerParams]:
+    """(manifest, tokenizer parameters) of the shards a builder reads, checked against the tokenizer.
+
+    Args:
+        tokenizer (Any): an ``ECGTokenizer`` (or None when ``shards_dir`` is given).
+        shards_dir (Optional[str]): the shards (default: the tokenizer's manifest folder).
+
+    Raises:
+        ValueError: no shards named, or the tokenizer's parameters differ from the shards'.
+    """
     shards = shards_dir or getattr(tokenizer, "manifest_dir", None)
     if shards is None:
         raise ValueError("ECG datasets need shards_dir (or a tokenizer built from manifest_path)")
@@ -327,59 +339,21 @@ def rhythm_irregularity(intervals: np.ndarray) -> float:
 class ECGBeatClassificationDataset(Dataset):
     """One example per target beat: signal-only context and beat, then the AAMI class token.
 
+    The prompt's inputs are :class:`~hlmtune.data_builders.beat_prompt.BeatPromptOptions` (each
+    field documented there), the draw of an epoch's beats is a
+    :class:`~hlmtune.data_builders.beat_prompt.BeatDraw`; :meth:`example` assembles one prompt
+    with :func:`~hlmtune.data_builders.beat_prompt.assemble_prompt`.
+
     Args:
         manifest (Dict): the shards' manifest (``read_manifest``).
         records (List[str]): records to read (already split-checked).
-        context_beats (int): earlier beats given as RR tokens (0..1000).
-        classes (Sequence[str]): target classes (default: every labelled class).
-        balance (Optional[float]): class-share exponent, None = every beat once.
-        num_examples (Optional[int]): examples per epoch when balancing.
-        seed (int): balancing / random-split seed.
+        prompt (BeatPromptOptions): what the prompt shows and how training varies it.
+        draw (BeatDraw): the classes and the draw of an epoch's examples.
         beat_mask (Optional[Dict[str, np.ndarray]]): per record, which beats are targets.
-        normalized_rr (int): 0 = absolute RR tokens; else every RR token of the prompt is relative
-            to the running median RR of this many beats (:func:`normalized_rr_tokens`).
-        normalize_amplitude (bool): rescale each record to a median R amplitude of 1 mV
-            (:func:`amplitude_lut`).
-        beat_samples (Optional[int]): samples of the target beat kept around its R peak (None =
-            the shards' whole window).
-        augment (bool): per example, a random gain (0.7..1.4) and crop shift (+-2 samples) of the
-            target beat (seeded by example index; training only).
-        template_beats (int): 0 = off; else the prompt starts with the patient's typical beat, the
-            sample-wise median of this many earlier beats (:func:`beat_templates`), cropped like
-            the target beat.
-        template_swap (float): training only: probability that an N or S example shows the
-            template in place of its own samples, so the class must be read from the RR tokens
-            (a supraventricular beat is a normal-looking beat that comes early).
-        record_balance (float): within each class, record (patient) shares of the draw are
-            proportional to ``count ** record_balance`` (1 = as recorded; see
-            :func:`balanced_indices`).
-        previous_swap (float): training only: probability that an N or S example shows the
-            previous beat's samples instead of its own.
-        next_rr (bool): whether the prompt ends with the following RR interval.
-        template_delta (bool): the target beat is shown as its difference from the patient's
-            template (``beat - template`` in mV, quantized again; needs ``template_beats``).
-        premature_synth (float): training only: probability that a drawn N example is shown
-            with a premature interval before it and a pause after it, and labelled S
-            (:meth:`_premature`).
-        show_template (bool): whether the prompt opens with the template (False: the template
-            only serves ``template_delta``).
-        premature_max_irregularity (Optional[float]): with ``premature_synth``, only N beats
-            whose context rhythm is regular are made premature: :func:`rhythm_irregularity` of
-            the context's intervals at most this (None: any context).
-        irregular_synth (float): training only: probability that a drawn N example (not made
-            premature) is shown inside a synthetic fibrillating rhythm: its context, own and
-            following intervals redrawn around the patient's cycle (:meth:`_irregular`), still
-            labelled N (an early beat in an irregular rhythm is not an S beat).
-        irregular_no_p_wave (bool): with ``irregular_synth``: those examples also lose the P wave
-            (beat and template) and get fibrillatory waves (:meth:`_fibrillating_waveform`).
-        rr_target (bool): the target beat's own RR token is a second target of each example
-            (predicted from the context's RR tokens), beside the class token.
-        augment_stretch (float): training only: 0 = off; else the beat and the template are
-            stretched in time around their R peak by one factor per example, log-uniform in
-            ``[1 / (1 + a), 1 + a]`` (:meth:`_stretched`).
 
     Raises:
-        ValueError: annotation shards (their tokens are labels), no RR bins, no examples.
+        ValueError: annotation shards (their tokens are labels), no RR bins, no examples, an
+            option that needs a class the draw does not target.
     """
 
     def __init__(
@@ -387,71 +361,56 @@ class ECGBeatClassificationDataset(Dataset):
         manifest: Dict[str, Any],
         records: List[str],
         *,
-        context_beats: int,
-        classes: Optional[Sequence[str]],
-        balance: Optional[float],
-        num_examples: Optional[int],
-        seed: int,
+        prompt: BeatPromptOptions,
+        draw: BeatDraw,
         beat_mask: Optional[Dict[str, np.ndarray]] = None,
-        normalized_rr: int = 0,
-        normalize_amplitude: bool = False,
-        beat_samples: Optional[int] = None,
-        augment: bool = False,
-        template_beats: int = 0,
-        template_swap: float = 0.0,
-        record_balance: float = 1.0,
-        previous_swap: float = 0.0,
-        next_rr: bool = True,
-        template_delta: bool = False,
-        premature_synth: float = 0.0,
-        show_template: bool = True,
-        premature_max_irregularity: Optional[float] = None,
-        irregular_synth: float = 0.0,
-        irregular_no_p_wave: bool = False,
-        rr_target: bool = False,
-        augment_stretch: float = 0.0,
     ) -> None:
         params = _samples_params(manifest)
-        if not 0 <= int(context_beats) <= 1000:
-            raise ValueError(f"context_beats must be 0..1000, got {context_beats}")
+        o = self.options = prompt
+        self.draw = draw
         self.vocab = Vocabulary(params)
         self.params = params
-        self.context_beats = int(context_beats)
+        self.context_beats = int(o.context_beats)
         self.beats = _BeatTables(manifest, records)
-        self.classes, class_ids = _target_classes(self.vocab, classes)
-        if not 0 <= int(normalized_rr) <= 100_000:
-            raise ValueError(f"normalized_rr must be 0 (off) or the beats of its running median, got {normalized_rr}")
-        self.normalized_rr = bool(normalized_rr)
+        self.classes, class_ids = _target_classes(self.vocab, draw.classes)
+        self.normalized_rr = bool(o.normalized_rr)
         # per record: (n_beats,) RR token of every beat, absolute or relative to the patient's rhythm
-        self.rr_tokens = [normalized_rr_tokens(t, self.vocab, int(normalized_rr)) if normalized_rr
+        self.rr_tokens = [normalized_rr_tokens(t, self.vocab, int(o.normalized_rr)) if o.normalized_rr
                           else self.vocab.rr_base + t["rr_bin"].astype(np.int64) for t in self.beats.tables]
         self.amp = ([amplitude_lut(t, self.beats.tokens(i), self.vocab) for i, t in enumerate(self.beats.tables)]
-                    if normalize_amplitude else None)
-        self.beat_samples, self.offset = _crop(params, beat_samples)
+                    if o.normalize_amplitude else None)
+        self.beat_samples, self.offset = _crop(params, o.beat_samples)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
-        self.augment, self.seed, self._edges = bool(augment), int(seed), quantizer_edges(params)
+        self.block = BeatBlock(self.beat_samples, next_rr=bool(o.next_rr))  # the target beat's layout
+        self.augment, self.seed, self._edges = bool(o.augment), int(draw.seed), quantizer_edges(params)
         self._rr_edges = rr_edges(params)  # (rr_bins + 1,) s: the RR grid of every RR token
-        if not 0 <= int(template_beats) <= 100_000:
-            raise ValueError(f"template_beats must be 0 (off) or the beats of the median template, got {template_beats}")
         # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
-        self.templates = [self._templates(i, int(template_beats)) for i in range(len(self.beats.tables))] \
-            if template_beats else None
-        if not 0.0 <= float(template_swap) <= 1.0 or (template_swap and not template_beats):
-            raise ValueError(f"template_swap must be 0..1 and needs template_beats > 0, got {template_swap} "
-                             f"with template_beats {template_beats}")
-        self.template_swap = float(template_swap)
-        if not 0.0 <= float(previous_swap) <= 1.0:
-            raise ValueError(f"previous_swap must be 0..1, got {previous_swap}")
-        self.previous_swap = float(previous_swap)
-        self.next_rr = bool(next_rr)
-        if template_delta and not template_beats:
-            raise ValueError("template_delta shows the beat minus the patient's template: it needs template_beats > 0")
-        self.template_delta = bool(template_delta)
-        if not show_template and not template_beats:
-            raise ValueError("show_template: False hides the template of template_beats; with template_beats 0 there is none")
-        self.show_template = bool(show_template)
+        self.templates = [self._templates(i, int(o.template_beats)) for i in range(len(self.beats.tables))] \
+            if o.template_beats else None
+        self.template_swap = float(o.template_swap)
+        self.previous_swap = float(o.previous_swap)
+        self.next_rr = bool(o.next_rr)
+        self.template_delta = bool(o.template_delta)
+        self.show_template = bool(o.show_template)
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
+        self.rec, self.beat, self.label = self._targets(class_ids, beat_mask)
+        if self.label.size == 0:
+            raise ValueError(f"no beats of classes {self.classes} in records {records}")
+        self.index = balanced_indices(self.label, balance=draw.balance, num_examples=draw.num_examples,
+                                      seed=draw.seed, groups=self.rec, group_balance=draw.record_balance)
+        if o.premature_synth and not ("N" in self.classes and "S" in self.classes):
+            raise ValueError(f"premature_synth turns N examples into S examples: classes {self.classes} need both")
+        if o.irregular_synth and "N" not in self.classes:
+            raise ValueError(f"irregular_synth shows N examples in an irregular rhythm: classes {self.classes} lack N")
+        self.synthetic, self.irregular = self._synthetic_draws(o)
+        self.irregular_no_p_wave = bool(o.irregular_no_p_wave)
+        self.rr_target = bool(o.rr_target)
+        self.augment_stretch = float(o.augment_stretch)
+
+    def _targets(self, class_ids: np.ndarray, beat_mask: Optional[Dict[str, np.ndarray]]
+                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(record index, beat index, label id) of every candidate target beat, record by record."""
         rec_idx, beat_idx, labels = [], [], []
         for i, (name, t) in enumerate(zip(self.beats.names, self.beats.tables)):
             ok = np.isin(t["label"], class_ids)
@@ -461,48 +420,29 @@ class ECGBeatClassificationDataset(Dataset):
             rec_idx.append(np.full(j.size, i, np.int64))
             beat_idx.append(j)
             labels.append(t["label"][j].astype(np.int64))
-        self.rec = np.concatenate(rec_idx) if rec_idx else np.zeros(0, np.int64)
-        self.beat = np.concatenate(beat_idx) if beat_idx else np.zeros(0, np.int64)
-        self.label = np.concatenate(labels) if labels else np.zeros(0, np.int64)
-        if self.label.size == 0:
-            raise ValueError(f"no beats of classes {self.classes} in records {records}")
-        self.index = balanced_indices(self.label, balance=balance, num_examples=num_examples, seed=seed,
-                                      groups=self.rec, group_balance=record_balance)
-        if not 0.0 <= float(premature_synth) <= 1.0:
-            raise ValueError(f"premature_synth must be 0..1, got {premature_synth}")
-        if premature_synth and not ("N" in self.classes and "S" in self.classes):
-            raise ValueError(f"premature_synth turns N examples into S examples: classes {self.classes} need both")
-        if not 0.0 <= float(irregular_synth) <= 1.0:
-            raise ValueError(f"irregular_synth must be 0..1, got {irregular_synth}")
-        if irregular_synth and "N" not in self.classes:
-            raise ValueError(f"irregular_synth shows N examples in an irregular rhythm: classes {self.classes} lack N")
-        if irregular_no_p_wave and not irregular_synth:
-            raise ValueError("irregular_no_p_wave removes the P wave of irregular_synth's examples: it needs irregular_synth > 0")
+        if not rec_idx:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(rec_idx), np.concatenate(beat_idx), np.concatenate(labels)
+
+    def _synthetic_draws(self, o: BeatPromptOptions) -> Tuple[np.ndarray, np.ndarray]:
+        """(len,) which examples are shown as a synthetic premature beat (label S) and which inside
+        a synthetic fibrillating rhythm (label N); drawn once, so every epoch shows the same."""
         e = self.index
-        # (len,) drawn N examples whose own interval is known (a record's first beat has none to
-        # redraw): the candidates of premature_synth and irregular_synth
+        # drawn N examples whose own interval is known (a record's first beat has none to redraw)
         n_known = np.zeros(e.size, bool)
-        if premature_synth or irregular_synth:
+        if o.premature_synth or o.irregular_synth:
             n_known = (self.label[e] == self.vocab.classes.index("N")) & np.array(
                 [self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
-        # (len,) examples shown as a synthetic premature beat and labelled S (drawn once: every epoch the same)
-        self.synthetic = n_known & (np.random.default_rng((self.seed, 3)).random(e.size) < float(premature_synth))
-        if premature_max_irregularity is not None:
-            if not 0.0 < float(premature_max_irregularity) <= 10.0:
-                raise ValueError(f"premature_max_irregularity must be in (0, 10] or null, got {premature_max_irregularity}")
-            for k in np.flatnonzero(self.synthetic):  # the drawn beats only: a few thousand
-                r, b = int(self.rec[self.index[k]]), int(self.beat[self.index[k]])
+        synthetic = n_known & (np.random.default_rng((self.seed, 3)).random(e.size) < float(o.premature_synth))
+        if o.premature_max_irregularity is not None:
+            for k in np.flatnonzero(synthetic):  # the drawn beats only: a few thousand
+                r, b = int(self.rec[e[k]]), int(self.beat[e[k]])
                 # s, the context's known intervals (relative with normalized_rr: a ratio is what counts)
                 mids = self._intervals_s(self.rr_tokens[r][max(0, b - self.context_beats) : b])
-                self.synthetic[k] = rhythm_irregularity(mids) <= float(premature_max_irregularity)
-        # (len,) N examples shown inside a synthetic fibrillating rhythm (label N), never a premature one
-        self.irregular = (n_known & ~self.synthetic
-                          & (np.random.default_rng((self.seed, 6)).random(e.size) < float(irregular_synth)))
-        self.irregular_no_p_wave = bool(irregular_no_p_wave)
-        self.rr_target = bool(rr_target)
-        if not 0.0 <= float(augment_stretch) <= 0.5:
-            raise ValueError(f"augment_stretch must be 0 (off) .. 0.5 (a factor 1/1.5 .. 1.5), got {augment_stretch}")
-        self.augment_stretch = float(augment_stretch)
+                synthetic[k] = rhythm_irregularity(mids) <= float(o.premature_max_irregularity)
+        irregular = (n_known & ~synthetic
+                     & (np.random.default_rng((self.seed, 6)).random(e.size) < float(o.irregular_synth)))
+        return synthetic, irregular
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
@@ -690,12 +630,12 @@ class ECGBeatClassificationDataset(Dataset):
         mv = np.interp(r + (x - r) / factor, x, dequantize(samples - base, edges))  # (n,) mV
         return (base + quantize(mv, edges)).astype(np.int64)
 
-    def prompt(self, k: int) -> List[int]:
-        """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
+    def _waveform(self, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Example ``k``'s target beat ``<sep> rr(i) q...q`` (shard RR token) and template samples,
+        with every waveform option and training-time variation applied."""
         e = int(self.index[k])
         i, j = int(self.rec[e]), int(self.beat[e])
         t = self.beats.tables[i]
-        c0 = max(0, j - self.context_beats)
         s = int(t["token_start"][j])
         beat = self.beats.tokens(i)[s : s + self.per_beat].astype(np.int64)  # <sep> rr(i) q*W
         if self.previous_swap and j > 0 and self.vocab.classes[int(self.label[e])] in ("N", "S") \
@@ -730,34 +670,64 @@ class ECGBeatClassificationDataset(Dataset):
             base, edges = self.vocab.sample_base, self._edges
             diff = dequantize(beat[2:] - base, edges) - dequantize(tmpl - base, edges)  # (beat_samples,) mV
             beat = np.concatenate([beat[:2], base + quantize(diff, edges)])
-        beat = beat.tolist()
+        return beat, tmpl
+
+    def _timing(self, k: int, shard_rr: int) -> Tuple[List[int], int, int]:
+        """Example ``k``'s RR tokens as shown: (context, the beat's own, the following).
+
+        Relative to the running median with ``normalized_rr`` (the shard holds the absolute RR);
+        redrawn for a synthetic premature beat (:meth:`_premature`) or fibrillating rhythm
+        (:meth:`_irregular`).
+        """
+        e = int(self.index[k])
+        i, j = int(self.rec[e]), int(self.beat[e])
         rr = self.rr_tokens[i]
-        if self.normalized_rr:  # the shard holds the absolute RR: every interval relative instead
-            beat[1] = int(rr[j])
-        ctx = rr[c0:j].tolist()  # earlier beats: RR only
-        after = int(rr[j + 1]) if j + 1 < t.size else self.unknown_rr
+        own = int(rr[j]) if self.normalized_rr else int(shard_rr)
+        ctx = rr[max(0, j - self.context_beats) : j].tolist()  # earlier beats: RR only
+        after = int(rr[j + 1]) if j + 1 < self.beats.tables[i].size else self.unknown_rr
         if self.synthetic[k]:  # a normal beat made premature (label S): see _premature
-            beat[1], after = self._premature(k, ctx + [int(beat[1])])
+            own, after = self._premature(k, ctx + [own])
         elif self.irregular[k]:  # a normal beat inside a synthetic fibrillating rhythm (label N): see _irregular
-            *ctx, beat[1], after = self._irregular(k, ctx + [int(beat[1]), after])
-        nxt = [after] if self.next_rr else []
-        shown = tmpl.tolist() if self.show_template else []
-        return [BOS_ID] + shown + ctx + beat + nxt + [self.query_id]
+            *ctx, own, after = self._irregular(k, ctx + [own, after])
+        return ctx, own, after
+
+    def rr_ratio(self, rr_token: int) -> float:
+        """A normalized RR token as a ratio to the running median (NaN: unknown interval).
+
+        The token is the interval at a standard 0.8 s cycle (:func:`normalized_rr_tokens`): its
+        bin's midpoint over ``NORMAL_RR_S`` gives the ratio back, to the bin's width.
+        """
+        b = int(rr_token) - self.vocab.rr_base
+        if not 0 <= b < int(self.params.rr_bins):
+            return float("nan")
+        return float(0.5 * (self._rr_edges[b] + self._rr_edges[b + 1])) / NORMAL_RR_S
+
+    def example(self, k: int) -> BeatPrompt:
+        """Example ``k``'s prompt, up to and including ``<beat?>``, and where its target beat is."""
+        beat, tmpl = self._waveform(k)
+        ctx, own, after = self._timing(k, int(beat[1]))
+        beat[1] = own
+        return assemble_prompt(
+            template=tmpl.tolist() if self.show_template else [], context_rr=ctx, beat=beat.tolist(),
+            next_rr=after if self.next_rr else None, query_id=self.query_id,
+            rr_ratio=self.rr_ratio(own) if self.normalized_rr else None,
+        )
+
+    def prompt(self, k: int) -> List[int]:
+        """Token ids of example ``k`` up to and including ``<beat?>`` (what the model reads)."""
+        return self.example(k).tokens
 
     def __getitem__(self, k: int) -> Dict[str, List[int]]:
-        prompt = self.prompt(k)
+        ex = self.example(k)
+        prompt = ex.tokens
         answer = self.vocab.label_base + self.vocab.classes.index(self.label_of(k))
         tokens = prompt + [answer, EOS_ID]
         labels = [IGNORE] * len(prompt) + [answer, IGNORE]
-        if self.rr_target:
-            # <bos> template(W) ctx(C) <sep> rr(j) q...q [rr(j+1)] <beat?>: template and context
-            # hold sample and RR tokens only, so the one <sep> opens the target beat
-            rr_at = prompt.index(SEP_ID) + 1
-            if prompt[rr_at] != self.unknown_rr:
-                # torchtune shifts labels by one: the logits at <sep> learn when this beat should
-                # come from the context's rhythm (a broad guess in fibrillation, a sharp one in
-                # sinus rhythm); the class read at <beat?> can weigh the real interval against it
-                labels[rr_at] = prompt[rr_at]
+        if self.rr_target and ex.rr_token != self.unknown_rr:
+            # torchtune shifts labels by one: the logits at <sep> learn when this beat should
+            # come from the context's rhythm (a broad guess in fibrillation, a sharp one in
+            # sinus rhythm); the class read at <beat?> can weigh the real interval against it
+            labels[ex.target_at + BeatBlock.RR] = ex.rr_token
         return {"tokens": tokens, "labels": labels}
 
 
@@ -767,6 +737,11 @@ class ECGBeatStreamDataset(Dataset):
     One window of ``K`` beats (``K = (max_seq_len - 2) // (beat_samples + 4)``)::
 
         <bos> [<sep> rr(b) q...q rr(b+1) <beat?>] x K <eos>
+
+    Each bracket is a :class:`~hlmtune.data_builders.beat_prompt.BeatBlock`, the layout of the
+    per-beat prompt's target beat. The window differs from that prompt on purpose: its context
+    is the earlier beats' own waveforms (no template, no RR-only context), its RR tokens are
+    absolute (it takes none of the per-beat prompt's options), and it classifies every beat.
 
     The class of beat ``b`` is the label of the position after its ``<beat?>``, whose *input*
     token is the next beat's ``<sep>`` (or ``<eos>``): torchtune's recipes shift labels by one
@@ -811,7 +786,8 @@ class ECGBeatStreamDataset(Dataset):
         self.vocab, self.params = Vocabulary(params), params
         n, self.offset = _crop(params, beat_samples)
         self.beat_samples = n
-        self.per_beat = n + 4  # <sep> rr q*n rr_next <beat?>
+        self.block = BeatBlock(n, next_rr=True, query=True)  # the per-beat prompt's target block, K times
+        self.per_beat = len(self.block)  # <sep> rr q*n rr_next <beat?>
         self.k = (int(max_seq_len) - 2) // self.per_beat
         self.context_beats = int(context_beats)
         if self.k < self.context_beats + 1:
@@ -884,18 +860,18 @@ class ECGBeatStreamDataset(Dataset):
             its ``<beat?>`` token (whose next-token prediction is the class) and its class index.
         """
         i, s, kk, lab, anchor = (int(x) for x in self.windows[k])
-        t, tok, n, pb = self.beats.tables[i], self.beats.tokens(i), self.beat_samples, self.per_beat
+        t, tok, n, pb, lay = self.beats.tables[i], self.beats.tokens(i), self.beat_samples, self.per_beat, self.block
         b = np.arange(s, s + kk)
-        ts = t["token_start"][b].astype(np.int64)  # each beat's <sep> in the shard
-        block = np.empty((kk, pb), np.int64)  # (K, beat_samples + 4)
-        block[:, 0] = tok[ts]  # <sep>
-        block[:, 1] = tok[ts + 1]  # rr(b)
-        block[:, 2 : 2 + n] = tok[ts[:, None] + 2 + self.offset + np.arange(n)]  # (K, n) cropped waveform
+        ts = t["token_start"][b].astype(np.int64)  # each beat's <sep> in the shard (<sep> rr q*W)
+        block = np.empty((kk, pb), np.int64)  # (K, beat_samples + 4): one BeatBlock per beat
+        block[:, lay.SEP] = tok[ts]  # <sep>
+        block[:, lay.RR] = tok[ts + 1]  # rr(b)
+        block[:, lay.WAVE : lay.WAVE + n] = tok[ts[:, None] + 2 + self.offset + np.arange(n)]  # (K, n) cropped waveform
         nxt = np.full(kk, self.unknown_rr, np.int64)
         has_next = b + 1 < t.size
         nxt[has_next] = self.vocab.rr_base + t["rr_bin"][b[has_next] + 1].astype(np.int64)
-        block[:, 2 + n] = nxt  # rr(b+1): the following interval
-        block[:, 3 + n] = self.query_id
+        block[:, lay.next_rr_at] = nxt  # rr(b+1): the following interval
+        block[:, lay.query_at] = self.query_id
         tokens = [BOS_ID] + block.ravel().tolist() + [EOS_ID]
         cls = self.target[i][b]
         labelled = (cls >= 0) & (b >= lab)
@@ -903,7 +879,7 @@ class ECGBeatStreamDataset(Dataset):
             u = np.random.default_rng((self.seed, k)).random(kk)
             labelled &= (u < self.keep[cls.clip(0)]) | (b == anchor)
         j = np.flatnonzero(labelled)
-        return tokens, (1 + j * pb + pb - 1).tolist(), cls[j].tolist()
+        return tokens, (1 + j * pb + lay.query_at).tolist(), cls[j].tolist()
 
     def record_of(self, k: int) -> str:
         """Record (patient) of window ``k``: every beat it classifies is that record's."""
@@ -1048,7 +1024,7 @@ def ecg_pretrain_dataset(
     Returns:
         ECGTokensDataset: memory-mapped windows (only the window is copied; no per-rank copy).
     """
-    manifest, params = _shards(tokenizer, shards_dir)
+    manifest, params = read_shards(tokenizer, shards_dir)
     seq = max_seq_len or getattr(tokenizer, "max_seq_len", None)
     if not seq:
         raise ValueError("ecg_pretrain_dataset needs max_seq_len (the context window, 128..1024)")
@@ -1057,197 +1033,95 @@ def ecg_pretrain_dataset(
     return ECGTokensDataset(Path(manifest["_dir"]), max_seq_len=int(seq), stride=stride, records=chosen, expected_params=params)
 
 
-def _beat_records(
-    tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
-    split_file: Optional[str], seed: int, random_test_fraction: float, evaluation: bool,
-) -> Tuple[Dict[str, Any], List[str], Optional[Dict[str, np.ndarray]]]:
+def _beat_records(tokenizer: Any, source: BeatSource, *, seed: int, evaluation: bool
+                  ) -> Tuple[Dict[str, Any], List[str], Optional[Dict[str, np.ndarray]]]:
     """(manifest, split-checked records, per-record target-beat mask of ``split: random`` or None)."""
-    manifest, _ = _shards(tokenizer, shards_dir)
-    chosen = resolve_records(split=split, records=records, split_file=split_file,
+    manifest, _ = read_shards(tokenizer, source.shards_dir)
+    chosen = resolve_records(split=source.split, records=source.records, split_file=source.split_file,
                              available=[r["record"] for r in manifest["records"]], evaluation=evaluation)
     mask = None
-    if split == RANDOM:
+    if source.split == RANDOM:
         by_name = {r["record"]: r for r in manifest["records"]}
         # train beats = not test; evaluation reads the test beats
         mask = {}
         for r in chosen:
-            test = random_beat_mask(r, int(by_name[r]["n_beats"]), seed=seed, test_fraction=random_test_fraction)
+            test = random_beat_mask(r, int(by_name[r]["n_beats"]), seed=seed, test_fraction=source.random_test_fraction)
             mask[r] = test if evaluation else ~test
     return manifest, chosen, mask
 
 
-def _classification(
-    tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
-    split_file: Optional[str], context_beats: int, classes: Optional[Sequence[str]], balance: Optional[float],
-    num_examples: Optional[int], seed: int, random_test_fraction: float, evaluation: bool = False,
-    normalized_rr: int = 0,
-    normalize_amplitude: bool = False,
-    beat_samples: Optional[int] = None,
-    augment: bool = False,
-    template_beats: int = 0,
-    template_swap: float = 0.0,
-    record_balance: float = 1.0,
-    previous_swap: float = 0.0,
-    next_rr: bool = True,
-    template_delta: bool = False,
-    premature_synth: float = 0.0,
-    show_template: bool = True,
-    premature_max_irregularity: Optional[float] = None,
-    irregular_synth: float = 0.0,
-    irregular_no_p_wave: bool = False,
-    rr_target: bool = False,
-    augment_stretch: float = 0.0,
+def beat_classification_dataset(
+    tokenizer: Any, source: BeatSource, draw: BeatDraw, prompt: BeatPromptOptions, *, evaluation: bool = False,
 ) -> ECGBeatClassificationDataset:
-    if premature_max_irregularity is not None and not premature_synth:
-        raise ValueError("premature_max_irregularity limits premature_synth: it needs premature_synth > 0")
-    manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
-                                           split_file=split_file, seed=seed,
-                                           random_test_fraction=random_test_fraction, evaluation=evaluation)
-    return ECGBeatClassificationDataset(
-        manifest, chosen, context_beats=context_beats, classes=classes, balance=None if evaluation else balance,
-        num_examples=None if evaluation else num_examples, seed=seed, beat_mask=mask, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment and not evaluation,
-        template_beats=template_beats, template_swap=0.0 if evaluation else template_swap,
-        record_balance=record_balance, previous_swap=0.0 if evaluation else previous_swap, next_rr=next_rr,
-        template_delta=template_delta, premature_synth=0.0 if evaluation else premature_synth,
-        show_template=show_template, premature_max_irregularity=premature_max_irregularity,
-        irregular_synth=0.0 if evaluation else irregular_synth, irregular_no_p_wave=irregular_no_p_wave and not evaluation,
-        rr_target=rr_target and not evaluation, augment_stretch=0.0 if evaluation else augment_stretch,
-    )
-
-
-def ecg_beat_classification_dataset(
-    tokenizer: Any,
-    *,
-    shards_dir: Optional[str] = None,
-    split: str = TRAIN,
-    records: Optional[Sequence[str]] = None,
-    split_file: Optional[str] = None,
-    context_beats: int = 16,
-    classes: Optional[Sequence[str]] = None,
-    balance: Optional[float] = 0.5,
-    num_examples: Optional[int] = None,
-    seed: int = 0,
-    random_test_fraction: float = 0.2,
-    normalized_rr: int = 0,
-    normalize_amplitude: bool = False,
-    beat_samples: Optional[int] = None,
-    augment: bool = False,
-    template_beats: int = 0,
-    template_swap: float = 0.0,
-    record_balance: float = 1.0,
-    previous_swap: float = 0.0,
-    next_rr: bool = True,
-    template_delta: bool = False,
-    premature_synth: float = 0.0,
-    show_template: bool = True,
-    premature_max_irregularity: Optional[float] = None,
-    irregular_synth: float = 0.0,
-    irregular_no_p_wave: bool = False,
-    rr_target: bool = False,
-    augment_stretch: float = 0.0,
-) -> ECGBeatClassificationDataset:
-    """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
+    """A beat-classification dataset from its option objects.
 
     Args:
         tokenizer (ECGTokenizer): its parameters must match the shards.
-        shards_dir (Optional[str]): ``samples``-scheme shards (RR bins > 0).
-        split (str): ``DS1`` (default, inter-patient training) or ``random`` (beats of DS1+DS2
-            split by a seeded hash; reports then say so on their first line).
-        records (Optional[Sequence[str]]): explicit training records (no DS2 record).
-        split_file (Optional[str]): split lists of another database (JSON ``{"DS1", "DS2"}``).
-        context_beats (int): earlier beats given as RR tokens (more = longer prompts).
-        classes (Optional[Sequence[str]]): target classes (default: every labelled class).
-        balance (Optional[float]): class shares proportional to ``count ** balance``; 0 equal,
-            1 as recorded, null = every beat once (default 0.5).
-        num_examples (Optional[int]): examples per epoch (default: number of beats).
-        seed (int): seed of the balanced draw and of the random split.
-        random_test_fraction (float): share of beats held out by ``split: random``.
-        normalized_rr (int): 0 = absolute RR tokens; else every RR token of the prompt (context,
-            the beat's own, the following) is relative to the running median RR of this many
-            beats (:func:`normalized_rr_tokens`): prematurity without the patient's heart rate.
-        normalize_amplitude (bool): rescale each record's waveform levels to a median R amplitude
-            of 1 mV (:func:`amplitude_lut`): morphology without the patient's lead gain.
-        beat_samples (Optional[int]): samples of the target beat kept around its R peak (None =
-            the shards' whole window; 80 = -0.22 s .. +0.41 s at 128 Hz, a third fewer tokens).
-        augment (bool): training-time gain (0.7..1.4) and crop shift (+-2 samples) per example,
-            so that a patient's exact amplitude and timing cannot stand in for the class
-            (``hlmtune eval`` never augments).
-        template_beats (int): 0 = off; else the prompt opens with the patient's typical beat, the
-            sample-wise median of this many earlier beats, whatever their class
-            (:func:`beat_templates`): morphology relative to the patient's own beats.
-        template_swap (float): training only (``hlmtune eval`` never swaps): probability that an
-            N or S example shows the template instead of its own samples, so that prematurity
-            (the RR tokens) and not the training patients' waveforms carries the S class.
-        record_balance (float): training draw only: within each class, each record's share is
-            proportional to its beats of that class ``** record_balance``. 1 = as recorded (in
-            DS1, record 209 holds 383 of the 944 S beats); 0 = every patient with the class
-            equally; between, more patients per class without repeating a 3-beat record 100
-            times. 0.5 did not pass DS1 cross-validation (docs/hlm.md, "draws balanced over
-            patients within a class").
-        previous_swap (float): training only: probability that an N or S example shows the
-            previous beat's real samples instead of its own (its RR tokens kept), so prematurity
-            must carry S; unlike ``template_swap`` the swapped beat is not an exact copy.
-        next_rr (bool): True (default) ends the prompt with the following RR interval (the
-            compensatory pause that the classic inter-patient methods use); False drops it.
-        template_delta (bool): show the target beat as its difference from the patient's
-            template (``beat - template`` in mV, quantized again; needs ``template_beats``):
-            a normal or supraventricular beat is then near zero in every patient, so the
-            waveform tells V from not-V without identifying the training patients, and the
-            RR tokens must carry S.
-        premature_synth (float): training only: probability that a drawn N example is shown
-            as a supraventricular premature beat (its own normal waveform after an interval of
-            55-85% of the median cycle of its context, then a pause) and labelled S. By the AAMI definition an S beat
-            is a normally conducted beat that comes early; DS1's recorded S beats come mostly
-            from one patient (record 209), so without this the model learns that patient.
-        show_template (bool): True (default) opens the prompt with the template of
-            ``template_beats``; False keeps it out of the prompt (96 tokens fewer) and uses it
-            only for ``template_delta``: the prompt then holds nothing that identifies the
-            patient's usual beat shape.
-        premature_max_irregularity (Optional[float]): with ``premature_synth``: only N beats whose
-            context rhythm is regular, :func:`rhythm_irregularity` of the context's intervals at
-            most this, are made premature (None: any context). In atrial fibrillation every
-            interval is "early" or "late" and every beat is N: synthesizing S there teaches the
-            model to call fibrillating normal beats S.
-        irregular_synth (float): training only: probability that a drawn N example that is not
-            made premature is shown inside a synthetic fibrillating rhythm (context, own and
-            following intervals redrawn around the patient's cycle, an irregularity of 0.15-0.45
-            as in DS1's fibrillation), labelled N: the counterpart of ``premature_synth``, so
-            that "early" means S only in a regular rhythm. Off (0) by default.
-        irregular_no_p_wave (bool): with ``irregular_synth``, those examples also look like
-            atrial fibrillation: no P wave in the beat or the template (a straight line from
-            0.25 s to 0.05 s before R) and 4-9 Hz fibrillatory waves over the beat. Without
-            it, only their RR tokens are irregular, around a sinus beat's P wave. Off by default.
-        rr_target (bool): training only: the target beat's own RR token is also a target of the
-            loss (predicted at its ``<sep>`` from the context's RR tokens; unknown intervals
-            excepted), beside the class token, so the model forms an expectation of when the
-            beat should come: sharp in a regular rhythm, broad in fibrillation. Prematurity is
-            then "earlier than expected", not "earlier than the median". The class is still the
-            only answer read by ``hlmtune eval``; the DPO pairs do not take this key. Off by
-            default: it did not pass DS1 cross-validation (docs/hlm.md, "the beat's own
-            interval as a second target").
-        augment_stretch (float): training only (``hlmtune eval`` never stretches): the target
-            beat and the patient's template are stretched in time around the R peak by one
-            factor per example, log-uniform in ``[1 / (1 + a), 1 + a]`` (0.15: 0.87-1.15), so
-            the template's exact shape stops identifying a training patient while the beat
-            minus template still shows a ventricular beat. 0 (default) = off: 0.15 lifted V but
-            not S or macro-F1 in DS1 cross-validation (docs/hlm.md, "the beat and its template
-            stretched in time").
+        source (BeatSource): shards and records.
+        draw (BeatDraw): classes and the epoch's draw.
+        prompt (BeatPromptOptions): the prompt's inputs.
+        evaluation (bool): every target beat once, in record order, without any training-time
+            variation (what ``hlmtune eval`` scores); ``split: random`` then reads the held-out beats.
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
     """
-    return _classification(
-        tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
-        context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
-        random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
-        template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
-        previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
-        premature_synth=premature_synth, show_template=show_template,
-        premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
-        irregular_no_p_wave=irregular_no_p_wave, rr_target=rr_target, augment_stretch=augment_stretch,
-    )
+    manifest, chosen, mask = _beat_records(tokenizer, source, seed=draw.seed, evaluation=evaluation)
+    if evaluation:
+        draw, prompt = draw.for_evaluation(), prompt.for_evaluation()
+    return ECGBeatClassificationDataset(manifest, chosen, prompt=prompt, draw=draw, beat_mask=mask)
+
+
+def ecg_beat_classification_dataset(tokenizer: Any, **options: Any) -> ECGBeatClassificationDataset:
+    """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
+
+    Keyword arguments are the fields of :class:`~hlmtune.data_builders.beat_prompt.BeatSource`
+    (shards, split, records), :class:`~hlmtune.data_builders.beat_prompt.BeatDraw` (classes and
+    the epoch's draw) and :class:`~hlmtune.data_builders.beat_prompt.BeatPromptOptions` (what the
+    prompt shows, and the training-time variations ``hlmtune eval`` never applies), each
+    documented there; ``inspect.signature`` lists them all.
+
+    Args:
+        tokenizer (ECGTokenizer): its parameters must match the shards.
+        **options (Any): the dataset section's keys (see above).
+
+    Returns:
+        ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
+
+    Raises:
+        TypeError: a key that is not an option, naming the closest one.
+    """
+    return beat_classification_dataset(tokenizer, *parse_options("ecg_beat_classification_dataset", options))
+
+
+ecg_beat_classification_dataset.__signature__ = builder_signature(ecg_beat_classification_dataset)  # type: ignore[attr-defined]
+
+# DPO pairs: a larger share of S and V pairs by default; the rr target is a second loss term of
+# the classification recipe, which a preference pair has no place for (nor the stretch tried with it).
+DPO_DEFAULTS = {"balance": 0.25}
+DPO_EXCLUDED = ("rr_target", "augment_stretch")
+
+
+def ecg_beat_dpo_dataset(tokenizer: Any, **options: Any) -> ECGBeatPreferenceDataset:
+    """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
+
+    S and V carry the task: every N pair rejects S or V (alternating), S and V pairs reject N,
+    and the default ``balance`` of 0.25 gives S and V beats a larger share of pairs than the
+    classification default. Keyword arguments as :func:`ecg_beat_classification_dataset`,
+    without ``rr_target`` and ``augment_stretch``.
+
+    Args:
+        tokenizer (ECGTokenizer): its parameters must match the shards.
+        **options (Any): the dataset section's keys.
+
+    Returns:
+        ECGBeatPreferenceDataset: torchtune preference samples (``padded_collate_dpo``).
+    """
+    parsed = parse_options("ecg_beat_dpo_dataset", options, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED)
+    return ECGBeatPreferenceDataset(beat_classification_dataset(tokenizer, *parsed))
+
+
+ecg_beat_dpo_dataset.__signature__ = builder_signature(ecg_beat_dpo_dataset, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED)  # type: ignore[attr-defined]
 
 
 def ecg_beat_stream_dataset(
@@ -1289,12 +1163,13 @@ def ecg_beat_stream_dataset(
     Returns:
         ECGBeatStreamDataset: ``{"tokens", "labels"}`` windows (``padded_collate_sft``).
     """
-    return _stream(tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
-                   max_seq_len=max_seq_len, beat_samples=beat_samples, context_beats=context_beats, classes=classes,
-                   balance=balance, num_examples=num_examples, seed=seed, random_test_fraction=random_test_fraction)
+    return beat_stream_dataset(tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
+                               max_seq_len=max_seq_len, beat_samples=beat_samples, context_beats=context_beats,
+                               classes=classes, balance=balance, num_examples=num_examples, seed=seed,
+                               random_test_fraction=random_test_fraction)
 
 
-def _stream(
+def beat_stream_dataset(
     tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
     split_file: Optional[str], max_seq_len: Optional[int], beat_samples: Optional[int], context_beats: int,
     classes: Optional[Sequence[str]], balance: Optional[float], num_examples: Optional[int], seed: int,
@@ -1304,65 +1179,14 @@ def _stream(
     seq = max_seq_len or getattr(tokenizer, "max_seq_len", None)
     if not seq:
         raise ValueError("ecg_beat_stream_dataset needs max_seq_len (tokens per window)")
-    manifest, chosen, mask = _beat_records(tokenizer, shards_dir=shards_dir, split=split, records=records,
-                                           split_file=split_file, seed=seed,
-                                           random_test_fraction=random_test_fraction, evaluation=evaluation)
+    source = BeatSource(shards_dir=shards_dir, split=split, records=records, split_file=split_file,
+                        random_test_fraction=random_test_fraction)
+    manifest, chosen, mask = _beat_records(tokenizer, source, seed=seed, evaluation=evaluation)
     return ECGBeatStreamDataset(
         manifest, chosen, max_seq_len=int(seq), beat_samples=beat_samples, context_beats=context_beats,
         classes=classes, balance=None if evaluation else balance, num_examples=None if evaluation else num_examples,
         seed=seed, beat_mask=mask, evaluation=evaluation,
     )
-
-
-def ecg_beat_dpo_dataset(
-    tokenizer: Any,
-    *,
-    shards_dir: Optional[str] = None,
-    split: str = TRAIN,
-    records: Optional[Sequence[str]] = None,
-    split_file: Optional[str] = None,
-    context_beats: int = 16,
-    classes: Optional[Sequence[str]] = None,
-    balance: Optional[float] = 0.25,
-    num_examples: Optional[int] = None,
-    seed: int = 0,
-    random_test_fraction: float = 0.2,
-    normalized_rr: int = 0,
-    normalize_amplitude: bool = False,
-    beat_samples: Optional[int] = None,
-    augment: bool = False,
-    template_beats: int = 0,
-    template_swap: float = 0.0,
-    record_balance: float = 1.0,
-    previous_swap: float = 0.0,
-    next_rr: bool = True,
-    template_delta: bool = False,
-    premature_synth: float = 0.0,
-    show_template: bool = True,
-    premature_max_irregularity: Optional[float] = None,
-    irregular_synth: float = 0.0,
-    irregular_no_p_wave: bool = False,
-) -> ECGBeatPreferenceDataset:
-    """DPO pairs on beat classification: chosen = the true class, rejected = its usual confusion.
-
-    S and V carry the task: every N pair rejects S or V (alternating), S and V pairs reject N,
-    and the default ``balance`` of 0.25 gives S and V beats a larger share of pairs than the
-    classification default. Arguments as :func:`ecg_beat_classification_dataset`.
-
-    Returns:
-        ECGBeatPreferenceDataset: torchtune preference samples (``padded_collate_dpo``).
-    """
-    return ECGBeatPreferenceDataset(_classification(
-        tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
-        context_beats=context_beats, classes=classes, balance=balance, num_examples=num_examples, seed=seed,
-        random_test_fraction=random_test_fraction, normalized_rr=normalized_rr,
-        normalize_amplitude=normalize_amplitude, beat_samples=beat_samples, augment=augment,
-        template_beats=template_beats, template_swap=template_swap, record_balance=record_balance,
-        previous_swap=previous_swap, next_rr=next_rr, template_delta=template_delta,
-        premature_synth=premature_synth, show_template=show_template,
-        premature_max_irregularity=premature_max_irregularity, irregular_synth=irregular_synth,
-        irregular_no_p_wave=irregular_no_p_wave,
-    ))
 
 
 def ecg_af_dataset(
@@ -1402,8 +1226,51 @@ def ecg_af_dataset(
         # very same segments. AF is evaluated between patients only.
         raise SplitError("ecg_af_dataset: split 'random' holds out beats, not AF segments; "
                          "use DS1 (the default), records or split_file")
-    manifest, _ = _shards(tokenizer, shards_dir)
+    manifest, _ = read_shards(tokenizer, shards_dir)
     chosen = resolve_records(split=split, records=records, split_file=split_file,
                              available=[r["record"] for r in manifest["records"]])
     return ECGAFDataset(manifest, chosen, segment_beats=segment_beats, stride_beats=stride_beats,
                         balance=balance, num_examples=num_examples, seed=seed)
+
+
+# ----------------------------------------------------------------------------- test sets
+# The beat builders whose test prompts `hlmtune eval` rebuilds, by builder name -> kind of test
+# set: "beat" (one prompt per target beat) or "stream" (windows classifying several beats).
+BEAT_BUILDERS: Dict[str, str] = {"ecg_beat_classification_dataset": "beat", "ecg_beat_dpo_dataset": "beat",
+                                 "ecg_beat_stream_dataset": "stream"}
+
+
+def beat_test_dataset(
+    tokenizer: Any, builder: str, section: Mapping[str, Any], *, split: str, records: Optional[Sequence[str]] = None,
+) -> Any:
+    """The test set ``hlmtune eval`` scores for a run of ``builder`` whose dataset section is ``section``.
+
+    The test prompts are built exactly as the run's training prompts (every key of the section,
+    the builder's defaults for the rest); only the records, the draw (every target beat once)
+    and the training-time variations (none) differ.
+
+    Args:
+        tokenizer (ECGTokenizer): the run's tokenizer.
+        builder (str): a name of :data:`BEAT_BUILDERS`.
+        section (Mapping[str, Any]): the run's ``dataset`` keys, without ``_component_``.
+        split (str): the test split (``DS2``; ``random``: the held-out beats of ``records``).
+        records (Optional[Sequence[str]]): the records of a ``random`` split (None: the split's).
+
+    Returns:
+        ECGBeatClassificationDataset | ECGBeatStreamDataset: the test set.
+
+    Raises:
+        ValueError: ``builder`` is not a beat builder.
+    """
+    if builder not in BEAT_BUILDERS:
+        raise ValueError(f"{builder} is not a beat builder ({', '.join(BEAT_BUILDERS)})")
+    keys = {**dict(section), "split": split, "records": records}
+    if BEAT_BUILDERS[builder] == "stream":
+        import inspect
+
+        defaults = {k: p.default for k, p in inspect.signature(ecg_beat_stream_dataset).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        return beat_stream_dataset(tokenizer, **{**defaults, **keys}, evaluation=True)
+    dpo = builder == "ecg_beat_dpo_dataset"
+    parsed = parse_options(builder, keys, defaults=DPO_DEFAULTS if dpo else (), exclude=DPO_EXCLUDED if dpo else ())
+    return beat_classification_dataset(tokenizer, *parsed, evaluation=True)

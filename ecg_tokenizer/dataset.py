@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
+from hlmtune.ecg_tokenizer import splits as sp
 from hlmtune.ecg_tokenizer.shards import read_manifest
 from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
@@ -181,8 +182,6 @@ def ecg_tokens_dataset(
         ValueError: missing shards_dir / max_seq_len, unknown split, DS2 records asked for,
             mismatched tokenizer.
     """
-    from hlmtune.hlm import splits as sp
-
     shards = shards_dir or getattr(tokenizer, "manifest_dir", None)
     if shards is None:
         raise ValueError("ecg_tokens_dataset needs shards_dir (or a tokenizer built from manifest_path)")

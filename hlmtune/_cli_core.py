@@ -504,6 +504,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- demo
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from hlmtune.demo import run_demo
+    from hlmtune.scaling_demo import run_demo
 
     return run_demo(out=Path(args.out), data=args.data, steps=args.steps, max_ranks=args.max_ranks)

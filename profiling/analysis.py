@@ -43,7 +43,7 @@ from hlmtune.profiling.runs import (
 BATCH_KEYS = ("batch_size", "gradient_accumulation_steps", "max_seq_len")
 GROUP_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers", *BATCH_KEYS, "nodes", "devices")
 BASELINE_KEYS = ("method", "model", "dataset", "template", "dtype", "pin_memory", "num_workers", "max_seq_len")
-# Peak memory, two questions (see hlmtune.profiling.memory): the largest per-step peak
+# Peak memory, two questions (see hlmtune.training.memory): the largest per-step peak
 # ("over steps": setup and export excluded) and the process peak since start. Table column ->
 # key in the step records.
 MEMORY_COLUMNS = {

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from hlmtune.profiling.memory import CPU_NAMES, CUDA_NAMES, PeakMemory, since_start_name
+from hlmtune.training.memory import CPU_NAMES, CUDA_NAMES, PeakMemory, since_start_name
 from hlmtune.profiling.runs import (
     API_SUMMARY_FILE,
     RUN_FILE,
@@ -514,7 +514,7 @@ class CollectorLogger:
         """Fill in the peaks the recipe did not log (built-in recipes), on this rank only.
 
         The collector's own readings are peaks between two ``log_dict`` calls (counters reset
-        after each reading) and since process start (:class:`hlmtune.profiling.memory.PeakMemory`).
+        after each reading) and since process start (:class:`hlmtune.training.memory.PeakMemory`).
         The first record's interval began when the logger was built, inside the recipe's
         setup, so it carries only the since-start value: "peak over steps" excludes setup.
         """

@@ -23,6 +23,16 @@ from hlm_fixtures import make_shards
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
 
 
+def _evaluation_set(tk, **keys):
+    """The test set `hlmtune eval` builds (``beat_test_dataset``) for a run with these dataset keys."""
+    from hlmtune.data_builders.ecg import beat_test_dataset
+
+    keys.pop("evaluation", None)
+    split, records = keys.pop("split", "DS2"), keys.pop("records", None)
+    builder = keys.pop("builder", "ecg_beat_classification_dataset")
+    return beat_test_dataset(tk, builder, keys, split=split, records=records)
+
+
 @pytest.fixture(scope="module")
 def ecg_shards(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ecg")
@@ -188,7 +198,6 @@ def test_cropped_beat_keeps_the_samples_around_the_r_peak(hlm):
 
 def test_augmentation_changes_only_the_waveform_and_never_evaluation(hlm):
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
 
     tk, v = hlm["tk"], hlm["tk"].vocab
     kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96)
@@ -206,7 +215,7 @@ def test_augmentation_changes_only_the_waveform_and_never_evaluation(hlm):
     ev_kw = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=4,
                  classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
                  beat_samples=96)
-    e1, e2 = _classification(tk, augment=True, **ev_kw), _classification(tk, augment=False, **ev_kw)
+    e1, e2 = _evaluation_set(tk, augment=True, **ev_kw), _evaluation_set(tk, augment=False, **ev_kw)
     assert all(e1.prompt(k) == e2.prompt(k) for k in range(0, len(e1), 7))
 
 
@@ -255,7 +264,6 @@ def test_template_prompt_opens_with_the_patients_median_beat(hlm):
 
 def test_template_swap_shows_n_and_s_beats_as_the_template_and_never_in_evaluation(hlm):
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
 
     tk = hlm["tk"]
     kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96, template_beats=100)
@@ -277,7 +285,7 @@ def test_template_swap_shows_n_and_s_beats_as_the_template_and_never_in_evaluati
     ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=4,
               classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
               beat_samples=96, template_beats=100)
-    e1, e2 = _classification(tk, template_swap=1.0, **ev), _classification(tk, **ev)
+    e1, e2 = _evaluation_set(tk, template_swap=1.0, **ev), _evaluation_set(tk, **ev)
     assert all(e1.prompt(k) == e2.prompt(k) for k in range(0, len(e1), 7))
     with pytest.raises(ValueError, match="template_swap"):
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), template_swap=0.5)
@@ -286,7 +294,6 @@ def test_template_swap_shows_n_and_s_beats_as_the_template_and_never_in_evaluati
 def test_previous_swap_shows_the_previous_beats_samples_and_never_in_evaluation(hlm):
     """N/S examples read the previous beat's samples (their own RR tokens kept); V/F and eval untouched."""
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
 
     tk = hlm["tk"]
     kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96)
@@ -314,7 +321,7 @@ def test_previous_swap_shows_the_previous_beats_samples_and_never_in_evaluation(
     ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=4,
               classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
               beat_samples=96)
-    e1, e2 = _classification(tk, previous_swap=1.0, **ev), _classification(tk, **ev)
+    e1, e2 = _evaluation_set(tk, previous_swap=1.0, **ev), _evaluation_set(tk, **ev)
     assert all(e1.prompt(k) == e2.prompt(k) for k in range(0, len(e1), 7))
     with pytest.raises(ValueError, match="previous_swap"):
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), previous_swap=1.5)
@@ -376,7 +383,6 @@ def test_premature_synth_makes_n_beats_early_labels_them_s_and_never_in_evaluati
     """A share p of the drawn N examples: same waveform, rr(i) at 0.55-0.85 of the context's median
     cycle, a longer following interval, answer S. Other examples and evaluation are untouched."""
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
     from hlmtune.ecg_tokenizer.vocab import rr_edges
 
     tk = hlm["tk"]
@@ -412,7 +418,7 @@ def test_premature_synth_makes_n_beats_early_labels_them_s_and_never_in_evaluati
     assert n_total > 50 and 0.2 < changed / n_total < 0.4
     ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
               classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True)
-    e1, e2 = _classification(tk, premature_synth=1.0, **ev), _classification(tk, **ev)
+    e1, e2 = _evaluation_set(tk, premature_synth=1.0, **ev), _evaluation_set(tk, **ev)
     assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
     with pytest.raises(ValueError, match="premature_synth"):
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), classes=["N", "V"], premature_synth=0.2)
@@ -473,7 +479,6 @@ def test_irregular_synth_shows_n_beats_in_a_fibrillating_rhythm_and_never_in_eva
     import statistics
 
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
     from hlmtune.ecg_tokenizer.vocab import SEP_ID, rr_edges
 
     tk = hlm["tk"]
@@ -526,7 +531,7 @@ def test_irregular_synth_shows_n_beats_in_a_fibrillating_rhythm_and_never_in_eva
     assert both.irregular.any() and both.synthetic.any() and not (both.irregular & both.synthetic).any()
     ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
               classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True)
-    e1, e2 = _classification(tk, irregular_synth=1.0, **ev), _classification(tk, **ev)
+    e1, e2 = _evaluation_set(tk, irregular_synth=1.0, **ev), _evaluation_set(tk, **ev)
     assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
     with pytest.raises(ValueError, match="irregular_synth must be 0..1"):
         ecg_beat_classification_dataset(tk, **{**kw, "irregular_synth": 1.5})
@@ -540,7 +545,6 @@ def test_irregular_no_p_wave_takes_the_p_wave_away_only_in_synthetic_fibrillatio
     that differs from the flattened one by a 4-9 Hz wave of at most 0.08 mV; RR tokens and the
     answer are those of irregular_synth alone; evaluation never changes."""
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
     from hlmtune.ecg_tokenizer.vocab import SEP_ID, dequantize, quantizer_edges
 
     tk = hlm["tk"]
@@ -593,8 +597,8 @@ def test_irregular_no_p_wave_takes_the_p_wave_away_only_in_synthetic_fibrillatio
     ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
               classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
               template_beats=64, beat_samples=n)
-    e1 = _classification(tk, irregular_synth=1.0, irregular_no_p_wave=True, **ev)
-    e2 = _classification(tk, **ev)
+    e1 = _evaluation_set(tk, irregular_synth=1.0, irregular_no_p_wave=True, **ev)
+    e2 = _evaluation_set(tk, **ev)
     assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
     with pytest.raises(ValueError, match="irregular_no_p_wave .* needs irregular_synth > 0"):
         ecg_beat_classification_dataset(tk, **{**kw, "irregular_synth": 0.0, "irregular_no_p_wave": True})
@@ -605,7 +609,6 @@ def test_rr_target_labels_the_target_beats_own_interval_and_nothing_else(hlm):
     target beat's <sep> (its own RR, as shown, synthetic prematurity included), unless unknown;
     tokens and every other label are those without it; evaluation keeps one target."""
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
     from hlmtune.ecg_tokenizer.vocab import SEP_ID
 
     tk = hlm["tk"]
@@ -633,7 +636,7 @@ def test_rr_target_labels_the_target_beats_own_interval_and_nothing_else(hlm):
         labelled += 1
         synthetic += bool(aux.synthetic[k])
     assert labelled > 100 and unknown >= 1 and synthetic > 10
-    ev = _classification(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]),
+    ev = _evaluation_set(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]),
                          context_beats=8, classes=None, balance=None, num_examples=None, seed=0,
                          random_test_fraction=0.2, evaluation=True, rr_target=True)
     assert all(sum(lab != -100 for lab in ev[k]["labels"]) == 1 for k in range(0, len(ev), 7))
@@ -664,7 +667,6 @@ def test_augment_stretch_scales_beat_and_template_in_time_around_r(hlm):
     per example around their R peak (checked against a slow reference, with and without the
     crop shift of augment); RR tokens, labels and the query stay; evaluation never stretches."""
     from hlmtune.data_builders import ecg_beat_classification_dataset
-    from hlmtune.data_builders.ecg import _classification
     from hlmtune.ecg_tokenizer.vocab import SEP_ID, quantizer_edges
 
     tk = hlm["tk"]
@@ -703,7 +705,7 @@ def test_augment_stretch_scales_beat_and_template_in_time_around_r(hlm):
     ev = dict(shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), context_beats=8,
               classes=None, balance=None, num_examples=None, seed=0, random_test_fraction=0.2, evaluation=True,
               template_beats=64, beat_samples=n)
-    e1, e2 = _classification(tk, augment_stretch=0.3, **ev), _classification(tk, **ev)
+    e1, e2 = _evaluation_set(tk, augment_stretch=0.3, **ev), _evaluation_set(tk, **ev)
     assert all(e1[k] == e2[k] for k in range(0, len(e1), 5))
     with pytest.raises(ValueError, match="augment_stretch must be"):
         ecg_beat_classification_dataset(tk, augment_stretch=0.6, **kw)
@@ -727,20 +729,59 @@ def test_templates_are_causal_after_the_warm_up():
     assert moved.tolist() == [False] * 6 + [True] * 9
 
 
+# Every input option of the beat prompt switched on (training-time variations included): what
+# the label-leak check runs the real builder with.
+EVERY_INPUT = dict(context_beats=8, normalized_rr=64, normalize_amplitude=True, beat_samples=80, next_rr=True,
+                   template_beats=32, template_delta=True, show_template=True, augment=True, template_swap=0.2,
+                   previous_swap=0.2, premature_synth=0.2, premature_max_irregularity=0.5, irregular_synth=0.2,
+                   irregular_no_p_wave=True, rr_target=True, augment_stretch=0.15, record_balance=0.5,
+                   num_examples=300)
+
+
+def _assert_no_label_in_inputs(ds, v) -> int:
+    """Every example: no class token before the answer; returns the examples checked."""
+    is_label = lambda t: v.label_base <= t < v.rr_base  # noqa: E731
+    for k in range(len(ds)):
+        item = ds[k]
+        toks = item["tokens"]
+        answer = len(toks) - 2  # prompt, answer, <eos>
+        assert not any(is_label(t) for t in toks[:answer]), (k, toks)
+        assert is_label(toks[answer]) and item["labels"][answer] == toks[answer]
+        # other trained positions (rr_target) are RR tokens of the prompt, never a class
+        assert all(not is_label(lab) for lab in item["labels"][:answer] if lab != -100)
+    return len(ds)
+
+
+def test_no_label_reaches_the_inputs_with_every_option_on(hlm):
+    """The real builder (through the one prompt owner) with every input feature switched on."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset, ecg_beat_dpo_dataset
+
+    tk = hlm["tk"]
+    ds = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), **EVERY_INPUT)
+    assert ds.synthetic.any() and ds.irregular.any()  # the synthetic variations ran too
+    assert _assert_no_label_in_inputs(ds, tk.vocab) == 300
+    dpo = {k: x for k, x in EVERY_INPUT.items() if k not in ("rr_target", "augment_stretch")}
+    pairs = ecg_beat_dpo_dataset(tk, split_file=str(hlm["split_file"]), **dpo)
+    is_label = lambda t: tk.vocab.label_base <= t < tk.vocab.rr_base  # noqa: E731
+    for k in range(0, len(pairs), 3):
+        for side in ("chosen_input_ids", "rejected_input_ids"):
+            assert not any(is_label(t) for t in pairs[k][side][:-2])
+
+
 def test_a_label_leak_would_be_caught(hlm, monkeypatch):
-    """Guard of the guard: a builder that put the label into the prompt fails the check above."""
+    """Guard of the guard: a prompt owner that put a class token into the context fails the check."""
     from hlmtune.data_builders import ecg as builders
 
     tk = hlm["tk"]
-    ds = builders.ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None)
-    prompt = builders.ECGBeatClassificationDataset.prompt
+    real = builders.assemble_prompt
 
-    def leaky(self, k):
-        return prompt(self, k)[:-1] + [self.vocab.label_base + int(self.label[self.index[k]]), self.query_id]
+    def leaky(*, context_rr, **kw):
+        return real(context_rr=[*context_rr, tk.vocab.label_base], **kw)
 
-    monkeypatch.setattr(builders.ECGBeatClassificationDataset, "prompt", leaky)
-    v = tk.vocab
-    assert any(v.label_base <= t < v.rr_base for t in ds[0]["tokens"][:-2])
+    monkeypatch.setattr(builders, "assemble_prompt", leaky)
+    ds = builders.ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), **EVERY_INPUT)
+    with pytest.raises(AssertionError):
+        _assert_no_label_in_inputs(ds, tk.vocab)
 
 
 def _stream_reference(tk, shards, record, first, n_beats, beat_samples):
@@ -802,10 +843,9 @@ def test_stream_windows_match_reference_and_hold_no_label(hlm, beat_samples):
 
 
 def test_stream_evaluation_labels_every_target_beat_once(hlm):
-    from hlmtune.data_builders.ecg import _stream
 
     tk = hlm["tk"]
-    ds = _stream(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), max_seq_len=600,
+    ds = _evaluation_set(tk, builder="ecg_beat_stream_dataset", shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]), max_seq_len=600,
                  beat_samples=96, context_beats=3, classes=["N", "V"], balance=0.5, num_examples=50, seed=0,
                  random_test_fraction=0.2, evaluation=True)
     seen = {}
@@ -828,10 +868,9 @@ def test_stream_evaluation_labels_every_target_beat_once(hlm):
 def test_record_of_names_each_test_examples_patient(hlm):
     """Evaluation examples come record by record, every labelled beat once: the record of each
     example (what ``hlmtune eval``'s per-record table groups by) against the raw beat tables."""
-    from hlmtune.data_builders.ecg import _classification
 
     tk = hlm["tk"]
-    ds = _classification(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]),
+    ds = _evaluation_set(tk, shards_dir=None, split="DS2", records=None, split_file=str(hlm["split_file"]),
                          context_beats=4, classes=["N", "S", "V"], balance=None, num_examples=None, seed=0,
                          random_test_fraction=0.2, evaluation=True, beat_samples=96)
     want = []
@@ -872,7 +911,7 @@ def test_pretraining_windows_are_signal_only(hlm):
 
 def test_ds2_is_refused_for_training(hlm):
     from hlmtune.data_builders import ecg_beat_classification_dataset, ecg_pretrain_dataset
-    from hlmtune.hlm.splits import SplitError
+    from hlmtune.ecg_tokenizer.splits import SplitError
 
     test_rec = hlm["test"][0]
     for build in (ecg_pretrain_dataset, ecg_beat_classification_dataset):

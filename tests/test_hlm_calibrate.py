@@ -10,7 +10,7 @@ import pytest
 
 from hlmtune.hlm import calibrate as cal
 from hlmtune.hlm import evaluate as ev
-from hlmtune.hlm.splits import SplitError
+from hlmtune.ecg_tokenizer.splits import SplitError
 
 
 def _toy(n: int, seed: int, shift=(0.0, -2.0, -1.0)):

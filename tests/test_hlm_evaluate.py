@@ -136,7 +136,9 @@ def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
     from omegaconf import OmegaConf
 
     from hlm_fixtures import make_shards
-    from hlmtune.data_builders.ecg import _classification
+    from hlmtune.data_builders.beat_prompt import BeatDraw, BeatPromptOptions
+    from hlmtune.data_builders.ecg import ECGBeatClassificationDataset
+    from hlmtune.ecg_tokenizer.shards import read_manifest
     from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
 
     info = make_shards(tmp_path)
@@ -146,8 +148,11 @@ def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
     cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
                                         "augment": True, **keys}})
     kind, ds, train, _ = ev._test_dataset(cfg, tk, "DS2")
-    want = _classification(tk, split="DS2", records=None, balance=None, num_examples=None, seed=0,
-                           random_test_fraction=0.2, evaluation=True, **keys)
+    # built by hand: every prompt key of the run, augmentation off, every DS2 beat once
+    prompt = BeatPromptOptions(**{k: keys[k] for k in ("context_beats", "normalized_rr", "normalize_amplitude",
+                                                         "beat_samples")})
+    want = ECGBeatClassificationDataset(read_manifest(info["shards"]), list(info["test"]), prompt=prompt,
+                                        draw=BeatDraw(classes=keys["classes"], balance=None))
     assert kind == "beat" and train == list(info["train"]) and len(ds) == len(want) > 0
     assert all(ds.prompt(k) == want.prompt(k) for k in range(0, len(ds), 11))
     assert len(ds.prompt(len(ds) - 1)) == 1 + 5 + 2 + 64 + 2  # bos, 5 RR, <sep> rr, 64 samples, rr <beat?>
@@ -161,7 +166,7 @@ def test_random_split_evaluates_the_held_out_beats_of_the_runs_own_records(tmp_p
     from hlm_fixtures import make_shards
     from hlmtune.data_builders.ecg import ecg_beat_classification_dataset
     from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
-    from hlmtune.hlm.splits import SplitError
+    from hlmtune.ecg_tokenizer.splits import SplitError
 
     info = make_shards(tmp_path)
     tk = ECGTokenizer(manifest_path=str(info["shards"]), max_seq_len=1024)
@@ -188,7 +193,7 @@ def test_a_run_whose_base_model_read_test_patients_is_refused(tmp_path):
     which records it read: a pretraining with split: random (DS2 signal included) is refused."""
     from omegaconf import OmegaConf
 
-    from hlmtune.hlm.splits import SplitError
+    from hlmtune.ecg_tokenizer.splits import SplitError
 
     split = tmp_path / "split.json"
     split.write_text('{"DS1": ["a", "b"], "DS2": ["c"]}')
@@ -223,7 +228,7 @@ def test_eval_checks_the_base_model_before_building_the_test_set(tmp_path):
 
     from hlm_fixtures import make_shards
     from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
-    from hlmtune.hlm.splits import SplitError
+    from hlmtune.ecg_tokenizer.splits import SplitError
 
     info = make_shards(tmp_path)
     pre = tmp_path / "pre"
@@ -240,7 +245,7 @@ def test_eval_checks_the_base_model_before_building_the_test_set(tmp_path):
 
 
 def test_target_rr_ratio_is_the_beats_interval_over_its_running_median(tmp_path):
-    """The ratio read back from each test prompt's RR token matches the beat table's intervals
+    """The ratio each test prompt records for its target beat matches the beat table's intervals
     over a running median computed here by plain loops (to the width of one RR bin)."""
     import statistics
 
@@ -248,7 +253,6 @@ def test_target_rr_ratio_is_the_beats_interval_over_its_running_median(tmp_path)
 
     from hlm_fixtures import make_shards
     from hlmtune.data_builders.ecg import NORMAL_RR_S
-    from hlmtune.ecg_tokenizer.vocab import SEP_ID
     from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
     from hlmtune.ecg_tokenizer.vocab import rr_edges
 
@@ -260,7 +264,7 @@ def test_target_rr_ratio_is_the_beats_interval_over_its_running_median(tmp_path)
                                         "context_beats": 4, "normalized_rr": median_beats, "beat_samples": 64}})
     _, ds, _, _ = ev._test_dataset(cfg, tk, "DS2")
     ks = list(range(0, len(ds), 7))
-    got = ev.target_rr_ratio([ds.prompt(k) for k in ks], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
+    got = [ds.example(k).rr_ratio for k in ks]  # what eval's timing table reads
     edges = rr_edges(ds.vocab.params)
     half_bin = (edges[1] - edges[0]) / 2 / NORMAL_RR_S
     lo, hi = edges[0] / NORMAL_RR_S, edges[-1] / NORMAL_RR_S
@@ -277,12 +281,6 @@ def test_target_rr_ratio_is_the_beats_interval_over_its_running_median(tmp_path)
         assert abs(ratio - want) <= half_bin + 1e-9, (k, ratio, want)
         checked += 1
     assert checked > 50
-    with pytest.raises(ValueError, match="test prompt 0: 0 <sep> tokens"):
-        ev.target_rr_ratio([[1, 2, 4]], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
-    with pytest.raises(ValueError, match="test prompt 1: ends at its <sep>"):
-        ev.target_rr_ratio([ds.prompt(0), [1, SEP_ID]], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
-    with pytest.raises(ValueError, match="token 1 after <sep> is not an RR token"):
-        ev.target_rr_ratio([[SEP_ID, 1]], ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
 
 
 def test_by_timing_splits_beats_at_the_premature_ratio():

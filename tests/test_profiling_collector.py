@@ -221,7 +221,7 @@ def test_timing_and_tokens_per_second_against_the_wall_clock(tmp_path: Path) -> 
 def test_own_memory_readings_step_vs_since_start_on_rank_0(tmp_path: Path) -> None:
     """A recipe that logs no memory (a built-in recipe on CPU): the collector's per-interval
     peak excludes what happened before the first step, the since-start peak includes it."""
-    from hlmtune.profiling.memory import PeakMemory
+    from hlmtune.training.memory import PeakMemory
 
     if not PeakMemory("cpu").per_step:
         pytest.skip("this system does not let a process reset its RSS high-water mark (/proc/self/clear_refs)")

@@ -5,7 +5,7 @@ Where things live:
 ============================  ==================================================================
 ``hlmtune.hlm.model``         model builders ``hlm_1m`` / ``hlm_10m`` / ``hlm_100m`` and their
                               ``lora_`` / ``qlora_`` variants (``model._component_`` targets)
-``hlmtune.hlm.splits``        MIT-BIH inter-patient split (DS1 trains, DS2 tests), split files,
+``hlmtune.ecg_tokenizer.splits``        MIT-BIH inter-patient split (DS1 trains, DS2 tests), split files,
                               the train/test overlap guard, the random beat split
 ``hlmtune.data_builders.ecg`` datasets: pretraining windows, beat classification, atrial
                               fibrillation, DPO pairs (``dataset._component_`` targets)

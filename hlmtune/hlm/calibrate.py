@@ -137,7 +137,7 @@ def load_calibration(path: Path, *, classes: Sequence[str], test_records: Option
         ValueError: not a calibration file, other classes, or fitted on a test record (a bias
             chosen by looking at the test patients would tune on the test split).
     """
-    from hlmtune.hlm.splits import check_disjoint
+    from hlmtune.ecg_tokenizer.splits import check_disjoint
 
     p = Path(path)
     if not p.is_file():

@@ -365,7 +365,7 @@ def run_cv(
             (:func:`compare_to_baseline`). Read before any fold trains.
     """
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
-    from hlmtune.hlm.splits import load_split_file
+    from hlmtune.ecg_tokenizer.splits import load_split_file
     from hlmtune.hlm import calibrate
     from hlmtune.hlm.evaluate import (
         RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, by_timing, class_table, headline, per_record, record_table,

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import inspect
 import io
 import json
 import math
@@ -122,43 +121,6 @@ def per_record(truth: Sequence[int], pred: Sequence[int], records: Sequence[str]
 # median"), where 84% of DS1's S beats and 2% of its N beats fall (annotations, 256-beat median).
 PREMATURE_RATIO = 0.8
 TIMING_BUCKETS = ("premature", "on_time", "unknown")
-
-
-def target_rr_ratio(prompts: Sequence[Sequence[int]], vocab: Any, *, sep_id: int, normal_rr_s: float) -> List[float]:
-    """The target beat's interval as the model read it: its normalized RR token, as a ratio.
-
-    A beat-classification prompt holds one ``<sep>``, which opens the target beat; the token
-    after it is the beat's RR token. With ``normalized_rr`` that token is the beat's interval
-    relative to the patient's running median, written at ``normal_rr_s``; its bin's midpoint
-    divided by ``normal_rr_s`` gives the ratio back (to the bin's width: 28 ms / 0.8 s with 64 bins).
-
-    Args:
-        prompts (Sequence[Sequence[int]]): token ids of each test prompt.
-        vocab (Vocabulary): the shards' vocabulary (RR bins > 0).
-        sep_id (int): the ``<sep>`` token id.
-        normal_rr_s (float): the interval a ratio of 1 is written at (s).
-
-    Returns:
-        List[float]: per prompt, the ratio; NaN where the interval is unknown (a record's first beat).
-    """
-    import numpy as np
-
-    from hlmtune.ecg_tokenizer.vocab import rr_edges
-
-    edges = rr_edges(vocab.params)
-    mid = (edges[:-1] + edges[1:]) / 2  # (rr_bins,) s
-    out = []
-    for k, prompt in enumerate(prompts):
-        seps = [i for i, t in enumerate(prompt) if t == sep_id]
-        if len(seps) != 1:
-            raise ValueError(f"test prompt {k}: {len(seps)} <sep> tokens, 1 expected (a per-beat classification prompt)")
-        if seps[0] + 1 >= len(prompt):
-            raise ValueError(f"test prompt {k}: ends at its <sep>, before the target beat's RR token")
-        b = int(prompt[seps[0] + 1]) - vocab.rr_base
-        if not 0 <= b <= len(mid):
-            raise ValueError(f"test prompt {k}: token {prompt[seps[0] + 1]} after <sep> is not an RR token")
-        out.append(float(mid[b]) / normal_rr_s if b < len(mid) else float("nan"))
-    return out
 
 
 def _timing(ratio: float, threshold: float) -> str:
@@ -361,13 +323,15 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
 
 # ----------------------------------------------------------------------------- datasets
 
-# The ECG builders whose test prompts hlmtune eval rebuilds, by the last part of the dataset's
-# ``_component_`` (what :func:`_test_dataset` dispatches on): beat-class builders -> (kind, the
-# private builder of ``hlmtune.data_builders.ecg`` that writes their prompts), then AF.
-BEAT_BUILDERS = {"ecg_beat_classification_dataset": ("beat", "_classification"),
-                 "ecg_beat_dpo_dataset": ("beat", "_classification"),
-                 "ecg_beat_stream_dataset": ("stream", "_stream")}
-EVAL_BUILDERS = (*BEAT_BUILDERS, "ecg_af_dataset")
+# The ECG builders whose test sets hlmtune eval builds: the beat builders of the data layer
+# (hlmtune.data_builders.ecg.BEAT_BUILDERS, through beat_test_dataset), then AF.
+def _eval_builders() -> Tuple[str, ...]:
+    from hlmtune.data_builders.ecg import BEAT_BUILDERS
+
+    return (*BEAT_BUILDERS, "ecg_af_dataset")
+
+
+EVAL_BUILDERS = _eval_builders()
 
 
 def check_hlm_run(cfg: Any, run: str) -> None:
@@ -412,12 +376,12 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
     from omegaconf import OmegaConf
 
     from hlmtune.data_builders import ecg as builders
-    from hlmtune.hlm import splits as sp
+    from hlmtune.ecg_tokenizer import splits as sp
 
     ds = OmegaConf.to_container(cfg.dataset, resolve=True)
     comp = str(ds.pop("_component_")).rsplit(".", 1)[-1]
     train_split = ds.get("split", sp.TRAIN)
-    manifest, _ = builders._shards(tokenizer, ds.get("shards_dir"))
+    manifest, _ = builders.read_shards(tokenizer, ds.get("shards_dir"))
     available = [r["record"] for r in manifest["records"]]
     train_records = sp.resolve_records(split=train_split, records=ds.get("records"), split_file=ds.get("split_file"),
                                        available=available)
@@ -430,19 +394,12 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
                                   evaluation=True)
         sp.check_disjoint(train_records, test)
         check_base_models(cfg, test)
-    # The test prompts are built exactly as the run's training prompts (every key of its dataset
-    # section, the builder's defaults for the rest); only the records, the draw and augmentation
-    # (the private builders drop both when evaluating) differ.
-    if comp in BEAT_BUILDERS:
-        kind, private = BEAT_BUILDERS[comp]
-        build = getattr(builders, private)
-        defaults = {k: p.default for k, p in inspect.signature(getattr(builders, comp)).parameters.items()
-                    if p.default is not inspect.Parameter.empty}
+    if comp in builders.BEAT_BUILDERS:
         # Under the random split the held-out beats are those of the run's own records (an
         # explicit `records` list included); otherwise the records are the test split's.
         recs = ds.get("records") if test_split == sp.RANDOM else None
-        d = build(tokenizer, **{**defaults, **ds, "split": test_split, "records": recs, "evaluation": True})
-        return kind, d, train_records, list(test)
+        d = builders.beat_test_dataset(tokenizer, comp, ds, split=test_split, records=recs)
+        return builders.BEAT_BUILDERS[comp], d, train_records, list(test)
     if comp == "ecg_af_dataset":
         if train_split == sp.RANDOM:  # the builder refuses it too: no held-out AF segments
             raise sp.SplitError("ecg_af_dataset: split 'random' holds out beats, not AF segments; "
@@ -468,7 +425,7 @@ def check_base_models(cfg: Any, test: Sequence[str]) -> None:
     """
     from omegaconf import OmegaConf
 
-    from hlmtune.hlm import splits as sp
+    from hlmtune.ecg_tokenizer import splits as sp
     from hlmtune.training.schema import dataset_nodes
 
     seen = set()
@@ -695,7 +652,7 @@ def evaluate(
     from torchtune import config
 
     from hlmtune._io import atomic_write_bytes
-    from hlmtune.hlm import splits as sp
+    from hlmtune.ecg_tokenizer import splits as sp
 
     torch.manual_seed(0)
     conflict = flag_conflict(quantized=quantized, ptq_run=ptq_run, ensemble=ensemble, calibration=calibration)
@@ -737,7 +694,8 @@ def evaluate(
     else:
         n_total = len(ds)
         n = n_total if max_examples is None else min(n_total, int(max_examples))
-        prompts = [ds.prompt(k) for k in range(n)]
+        examples = [ds.example(k) for k in range(n)] if kind == "beat" else []
+        prompts = [x.tokens for x in examples] if kind == "beat" else [ds.prompt(k) for k in range(n)]
         records = [ds.record_of(k) for k in range(n)]
     if kind == "beat":
         classes = list(ds.classes)
@@ -751,10 +709,7 @@ def evaluate(
         truth = [0 if ds.is_af(k) else 1 for k in range(n)]
     ratios: Optional[List[float]] = None  # the target beat's RR relative to the patient's rhythm
     if kind == "beat" and positions is None and getattr(ds, "normalized_rr", False):
-        from hlmtune.data_builders.ecg import NORMAL_RR_S
-        from hlmtune.ecg_tokenizer.vocab import SEP_ID
-
-        ratios = target_rr_ratio(prompts, ds.vocab, sep_id=SEP_ID, normal_rr_s=NORMAL_RR_S)
+        ratios = [float(x.rr_ratio) for x in examples]
 
     def breakdowns(pred: Sequence[int]) -> Dict[str, Any]:
         """A result row's per-record figures, and per timing of the target beat when known."""
@@ -1045,7 +1000,7 @@ def flag_conflict(*, quantized: bool, ptq_run: Optional[Path], ensemble: Sequenc
 
 
 def _main(args: argparse.Namespace) -> int:
-    from hlmtune.hlm.splits import SplitError
+    from hlmtune.ecg_tokenizer.splits import SplitError
 
     for flag, v in (("--batch-size", args.batch_size), ("--max-examples", args.max_examples)):
         if v is not None and v < 1:

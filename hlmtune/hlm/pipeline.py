@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hlmtune._helpfmt import DefaultsHelpFormatter
 from hlmtune._io import OutputPathError
-from hlmtune.hlm.splits import SplitError, load_split_file
+from hlmtune.ecg_tokenizer.splits import SplitError, load_split_file
 
 COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 # RR bins of 28 ms (64 over 0.2-2.0 s) instead of the tokenizer's default 112 ms: the

@@ -53,7 +53,7 @@ from hlmtune.training.fastpath import (
 )
 from hlmtune.training.errors import RunError, install_exit_hook
 from hlmtune.training.rundir import RunDirLock, check_run_dirs
-from hlmtune.profiling.memory import PeakMemory
+from hlmtune.training.memory import PeakMemory
 from hlmtune.training.schema import PROFILER_COMPONENT, config_warnings, resolve_component, validate_config
 from hlmtune.training.spec import RecipeSpec
 
@@ -630,7 +630,7 @@ class RecipeBase:
         self.finish_gradients(total_tokens)
         grad_norm = self.optimizer_step()
         # Peak memory of this step and since start, per rank (one small all_gather); off with
-        # log_peak_memory_stats: False. Names: hlmtune.profiling.memory.
+        # log_peak_memory_stats: False. Names: hlmtune.training.memory.
         peaks = self._peak.end_step() if self._peak is not None else {}
         names = list(peaks)
         mem = [peaks[n] for n in names]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
-from hlmtune.hlm import splits as sp
+from hlmtune.ecg_tokenizer import splits as sp
 
 ALL = list(MITDB_DS1) + list(MITDB_DS2) + ["102", "104"]
 

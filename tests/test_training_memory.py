@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hlmtune.profiling.memory import PeakMemory, since_start_name
+from hlmtune.training.memory import PeakMemory, since_start_name
 
 _MIB = 2**20
 

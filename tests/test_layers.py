@@ -1,0 +1,57 @@
+"""The import-linter contract of ``pyproject.toml``: every import points down the pack's layers.
+
+The top-level folders (``recipes/``, ``ecg_tokenizer/`` ...) are installed under ``hlmtune.``
+(``[tool.setuptools.package-dir]``), so the source tree is not the package tree that grimp
+walks. Each test lays the package out as installed, in a temporary folder, and runs
+``lint-imports`` there; the second one adds an upward import to that copy and expects the
+contract to break, naming the import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
+
+
+def _installed_layout(dest: Path) -> Path:
+    """Copy the sources to ``dest`` in the layout ``pip install`` gives them; returns ``dest``."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    dirs = pyproject["tool"]["setuptools"]["package-dir"]
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package, folder in sorted(dirs.items(), key=lambda kv: kv[0].count(".")):  # hlmtune first
+        shutil.copytree(ROOT / folder, dest / Path(*package.split(".")), ignore=ignore, dirs_exist_ok=True)
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    return subprocess.run([LINT_IMPORTS, "--no-cache", "pyproject.toml"], cwd=tree, env=env,
+                          capture_output=True, text=True)
+
+
+def test_every_import_points_down_the_layers(tmp_path):
+    tree = _installed_layout(tmp_path)
+    proc = _lint(tree)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 kept, 0 broken" in proc.stdout
+    # every installed module was analysed, the top-level folders' too, not only hlmtune/'s
+    modules = len(list((tree / "hlmtune").rglob("*.py")))
+    assert f"Analyzed {modules} files" in proc.stdout, proc.stdout[-800:]
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    tree = _installed_layout(tmp_path)
+    vocab = tree / "hlmtune" / "ecg_tokenizer" / "vocab.py"
+    vocab.write_text(vocab.read_text() + "\nfrom hlmtune.hlm import evaluate  # the data layer reaching up\n")
+    proc = _lint(tree)
+    assert proc.returncode != 0
+    assert "hlmtune.ecg_tokenizer is not allowed to import hlmtune.hlm" in proc.stdout
+    assert "hlmtune.ecg_tokenizer.vocab -> hlmtune.hlm.evaluate" in proc.stdout
