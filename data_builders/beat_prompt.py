@@ -46,6 +46,9 @@ class BeatSource:
         records (Optional[Sequence[str]]): explicit training records (no test record).
         split_file (Optional[str]): split lists of another database (JSON ``{"DS1", "DS2"}``).
         random_test_fraction (float): share of beats held out by ``split: random``.
+        extra_records (Any): more training patients beside the split's: a database of the
+            shards (``svdb``: all its records), a list of record ids, or null (the split's only);
+            never a test record (``ecg_tokenizer.splits.extra_records_of``).
     """
 
     shards_dir: Optional[str] = None
@@ -53,6 +56,7 @@ class BeatSource:
     records: Optional[Sequence[str]] = None
     split_file: Optional[str] = None
     random_test_fraction: float = 0.2
+    extra_records: Any = None
 
 
 @dataclass(frozen=True)

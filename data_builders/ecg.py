@@ -1007,6 +1007,7 @@ def ecg_pretrain_dataset(
     split: str = TRAIN,
     records: Optional[Sequence[str]] = None,
     split_file: Optional[str] = None,
+    extra_records: Any = None,
 ) -> ECGTokensDataset:
     """Pretraining windows: ``max_seq_len`` tokens of the record streams (the context window).
 
@@ -1020,6 +1021,8 @@ def ecg_pretrain_dataset(
         split (str): ``DS1`` (default) or ``random`` (pretraining on the pooled records).
         records (Optional[Sequence[str]]): explicit records (DS2 records are refused).
         split_file (Optional[str]): split lists of another database.
+        extra_records (Any): more training patients: a database of the shards (``svdb``), a list
+            of record ids, or null (the split's only).
 
     Returns:
         ECGTokensDataset: memory-mapped windows (only the window is copied; no per-rank copy).
@@ -1029,7 +1032,7 @@ def ecg_pretrain_dataset(
     if not seq:
         raise ValueError("ecg_pretrain_dataset needs max_seq_len (the context window, 128..1024)")
     chosen = resolve_records(split=split, records=records, split_file=split_file,
-                             available=[r["record"] for r in manifest["records"]])
+                             available=[r["record"] for r in manifest["records"]], extra_records=extra_records)
     return ECGTokensDataset(Path(manifest["_dir"]), max_seq_len=int(seq), stride=stride, records=chosen, expected_params=params)
 
 
@@ -1038,7 +1041,8 @@ def _beat_records(tokenizer: Any, source: BeatSource, *, seed: int, evaluation: 
     """(manifest, split-checked records, per-record target-beat mask of ``split: random`` or None)."""
     manifest, _ = read_shards(tokenizer, source.shards_dir)
     chosen = resolve_records(split=source.split, records=source.records, split_file=source.split_file,
-                             available=[r["record"] for r in manifest["records"]], evaluation=evaluation)
+                             available=[r["record"] for r in manifest["records"]], evaluation=evaluation,
+                             extra_records=None if evaluation else source.extra_records)
     mask = None
     if source.split == RANDOM:
         by_name = {r["record"]: r for r in manifest["records"]}
@@ -1139,6 +1143,7 @@ def ecg_beat_stream_dataset(
     num_examples: Optional[int] = None,
     seed: int = 0,
     random_test_fraction: float = 0.2,
+    extra_records: Any = None,
 ) -> ECGBeatStreamDataset:
     """Beat classification over windows of consecutive beats (see :class:`ECGBeatStreamDataset`).
 
@@ -1159,6 +1164,8 @@ def ecg_beat_stream_dataset(
         num_examples (Optional[int]): windows per epoch (default: number of target beats).
         seed (int): seed of the draw and of the random split.
         random_test_fraction (float): share of beats held out by ``split: random``.
+        extra_records (Any): more training patients: a database of the shards (``svdb``), a list
+            of record ids, or null (the split's only).
 
     Returns:
         ECGBeatStreamDataset: ``{"tokens", "labels"}`` windows (``padded_collate_sft``).
@@ -1166,21 +1173,21 @@ def ecg_beat_stream_dataset(
     return beat_stream_dataset(tokenizer, shards_dir=shards_dir, split=split, records=records, split_file=split_file,
                                max_seq_len=max_seq_len, beat_samples=beat_samples, context_beats=context_beats,
                                classes=classes, balance=balance, num_examples=num_examples, seed=seed,
-                               random_test_fraction=random_test_fraction)
+                               random_test_fraction=random_test_fraction, extra_records=extra_records)
 
 
 def beat_stream_dataset(
     tokenizer: Any, *, shards_dir: Optional[str], split: str, records: Optional[Sequence[str]],
     split_file: Optional[str], max_seq_len: Optional[int], beat_samples: Optional[int], context_beats: int,
     classes: Optional[Sequence[str]], balance: Optional[float], num_examples: Optional[int], seed: int,
-    random_test_fraction: float, evaluation: bool = False,
+    random_test_fraction: float, evaluation: bool = False, extra_records: Any = None,
 ) -> ECGBeatStreamDataset:
     """:func:`ecg_beat_stream_dataset`; ``evaluation`` tiles the records (what ``hlmtune eval`` reads)."""
     seq = max_seq_len or getattr(tokenizer, "max_seq_len", None)
     if not seq:
         raise ValueError("ecg_beat_stream_dataset needs max_seq_len (tokens per window)")
     source = BeatSource(shards_dir=shards_dir, split=split, records=records, split_file=split_file,
-                        random_test_fraction=random_test_fraction)
+                        random_test_fraction=random_test_fraction, extra_records=extra_records)
     manifest, chosen, mask = _beat_records(tokenizer, source, seed=seed, evaluation=evaluation)
     return ECGBeatStreamDataset(
         manifest, chosen, max_seq_len=int(seq), beat_samples=beat_samples, context_beats=context_beats,
@@ -1231,6 +1238,33 @@ def ecg_af_dataset(
                              available=[r["record"] for r in manifest["records"]])
     return ECGAFDataset(manifest, chosen, segment_beats=segment_beats, stride_beats=stride_beats,
                         balance=balance, num_examples=num_examples, seed=seed)
+
+
+def training_records(manifest: Dict[str, Any], section: Mapping[str, Any]) -> List[str]:
+    """The records a run of an ECG builder trained on, from its dataset section: the split's
+    (or ``records``) plus ``extra_records``, as record ids of the shards.
+
+    Args:
+        manifest (Dict[str, Any]): the shards' manifest.
+        section (Mapping[str, Any]): the run's dataset keys.
+
+    Returns:
+        List[str]: record ids, in manifest order.
+    """
+    return resolve_records(split=section.get("split", TRAIN), records=section.get("records"),
+                           split_file=section.get("split_file"), available=[r["record"] for r in manifest["records"]],
+                           extra_records=section.get("extra_records"))
+
+
+def signal_digests(manifest: Dict[str, Any]) -> Dict[str, str]:
+    """Record id -> sha256 of its signal file(s) (the ``.dat`` inputs), for overlap checks that
+    see one recording under two ids."""
+    out = {}
+    for r in manifest["records"]:
+        dats = sorted(v for k, v in (r.get("inputs") or {}).items() if not k.endswith((".hea", ".atr")))
+        if dats:
+            out[r["record"]] = ",".join(dats)
+    return out
 
 
 # ----------------------------------------------------------------------------- test sets

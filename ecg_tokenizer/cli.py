@@ -19,11 +19,14 @@ from hlmtune._helpfmt import DefaultsHelpFormatter
 _EPILOG_TOKENIZE = """\
 examples:
   hlmtune tokenize --records $HLM_DATA/mitdb --scheme samples --beat-samples 128 --out tokens/mitdb
+  hlmtune tokenize --records $HLM_DATA/mitdb $HLM_DATA/svdb --out tokens/mitdb_svdb   # 360 Hz and 128 Hz, one set
+  hlmtune tokenize --records svdb=/data/mit-bih-supraventricular --out tokens/mitdb_svdb  # adds svdb to that set
   hlmtune tokenize --records $HLM_DATA/mitdb --scheme annotation --rr-bins 16 --out tokens/beats
   hlmtune synth-ecg --out synth && hlmtune tokenize --records synth --scheme samples --out tokens/synth
 
-Output: OUT/manifest.json plus OUT/records/<record>.{tokens.npy,beats.npy,json}. A rerun
-with the same parameters skips finished records. Exit status 1 lists failed records."""
+Output: OUT/manifest.json plus OUT/records/<database>__<record>.{tokens.npy,beats.npy,json}.
+Every record is resampled to --target-rate. A rerun with the same parameters skips finished
+records; records of other databases already in OUT stay. Exit status 1 lists failed records."""
 
 # TokenizerParams field -> the ``hlmtune tokenize`` flag that sets it, so that the
 # parameters' ValueErrors (worded for Python callers) name what the user typed.
@@ -67,9 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=_Combined,
     )
     g = p.add_argument_group("input / output")
-    g.add_argument("--records", required=True, metavar="DIR", help="WFDB database directory (records from its RECORDS file, else every *.hea)")
+    g.add_argument("--records", required=True, nargs="+", metavar="[NAME=]DIR",
+                   help="WFDB database folder(s) (records from each RECORDS file, else every *.hea), tokenized into one "
+                        "shard set; record ids carry the database, NAME or the folder's name (mitdb/100, svdb/800)")
     g.add_argument("--out", required=True, metavar="DIR", help="output directory for shards and manifest.json")
-    g.add_argument("--records-list", metavar="FILE", default=None, help="file with one record name per line to tokenize instead of all records")
+    g.add_argument("--records-list", metavar="FILE", default=None, help="file with one record name per line to tokenize instead of all records (one --records folder only)")
     g.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes (default: the CPUs available; 1 = no pool)")
     g.add_argument("--sampto", type=int, default=None, metavar="N", help="read only the first N samples of each record (quick runs)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -106,7 +111,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "offline it fails with a clear error and exit status 1.",
         formatter_class=_Defaults,
     )
-    p.add_argument("database", choices=("mitdb",), help="database to download (mitdb: MIT-BIH Arrhythmia Database, ~100 MB)")
+    p.add_argument("database", choices=("mitdb", "svdb"),
+                   help="database to download (mitdb: MIT-BIH Arrhythmia Database, ~100 MB; svdb: MIT-BIH Supraventricular "
+                        "Arrhythmia Database, 128 Hz, ~55 MB)")
     p.add_argument("--out", required=True, metavar="DIR", help="destination directory")
     p.add_argument("--record", action="append", default=None, metavar="NAME", help="download only this record (repeatable; default: all)")
     p.set_defaults(func=cmd_download)
@@ -138,6 +145,28 @@ def _flag_names(message: str) -> str:
     return _PARAM_NAME.sub(lambda m: _PARAM_FLAGS[m.group(1)], message)
 
 
+def record_folder(arg: str) -> "tuple[str, Path]":
+    """``NAME=DIR`` or ``DIR`` of ``--records`` as (database name, folder).
+
+    Args:
+        arg (str): the command-line item.
+
+    Returns:
+        tuple[str, Path]: the name (default: the folder's own name) and the folder.
+
+    Raises:
+        ValueError: an empty or path-like name.
+    """
+    from hlmtune.ecg_tokenizer.pipeline import database_name
+
+    name, sep, folder = arg.partition("=")
+    if not sep or os.path.exists(arg):
+        return database_name(Path(arg)), Path(arg)
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name):
+        raise ValueError(f"--records {arg}: the database name {name!r} must be letters, digits, '_', '-' or '.'")
+    return name, Path(folder)
+
+
 def cmd_tokenize(args: argparse.Namespace) -> int:
     """Run ``hlmtune tokenize``.
 
@@ -148,7 +177,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         int: 0 all records done, 1 some failed, 2 bad arguments / no input.
     """
     from hlmtune._io import ensure_dir
-    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, default_workers, tokenize_directory
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, default_workers, tokenize_sources
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
     try:
@@ -168,15 +197,17 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         )
         records = None
         if args.records_list:
+            if len(args.records) > 1:
+                raise ValueError("--records-list names records of one folder: give one --records folder with it")
             lst = Path(args.records_list)
             if not lst.exists():
                 raise FileNotFoundError(f"--records-list {lst} does not exist")
             records = [ln.strip() for ln in lst.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+        sources = [RecordSource(d, name, records) for name, d in (record_folder(x) for x in args.records)]
         out = ensure_dir(args.out, "--out")
-        summary = tokenize_directory(
-            Path(args.records), out, params=params, options=options, records=records,
-            workers=args.workers or default_workers(), progress=not args.no_progress,
-            implementation=args.implementation,
+        summary = tokenize_sources(
+            sources, out, params=params, options=options, workers=args.workers or default_workers(),
+            progress=not args.no_progress, implementation=args.implementation,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"hlmtune tokenize: error: {e}", file=sys.stderr)

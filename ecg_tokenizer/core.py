@@ -224,7 +224,7 @@ def tokenize_record(rec: EcgRecord, params: TokenizerParams) -> TokenizedRecord:
     beats["rr_bin"] = rrb[keep]
     beats["rhythm"] = rec.beat_rhythms[keep]
     beats["token_start"] = 1 + per_beat * np.arange(kept, dtype=np.int64)
-    dropped = [
+    dropped = list(rec.dropped) + [
         {"sample": int(s), "reason": _DROP_REASONS[int(r)]}
         for s, r in zip(rec.beat_samples[~keep], reason[~keep])
     ]

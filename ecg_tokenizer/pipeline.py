@@ -9,6 +9,7 @@ byte-identical outputs whatever the worker count.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -102,7 +103,7 @@ class RunSummary:
         lines = [
             f"tokenized {len(self.done)} records, skipped {len(self.skipped)} already done, "
             f"failed {len(self.failed)}; {self.beats} beats ({self.dropped} dropped: window outside "
-            f"the record), {self.tokens} tokens in {self.seconds:.2f} s ({rate:,.0f} beats/s, "
+            f"the record, or annotation outside the signal), {self.tokens} tokens in {self.seconds:.2f} s ({rate:,.0f} beats/s, "
             f"{self.workers} worker{'s' if self.workers != 1 else ''})",
         ]
         totals = self.manifest.get("totals", {})
@@ -128,13 +129,13 @@ class RunSummary:
 
 
 def _compute(task: Tuple) -> Tuple[str, str, Any]:
-    """Read and tokenize one record. Returns (status, name, payload): ``("skipped", name,
-    meta)``, ``("failed", name, reason)`` or ``("tokenized", name, (rec, tok))``."""
-    records_dir, out_dir, name, params, options, digest, implementation = task
+    """Read and tokenize one record. Returns (status, id, payload): ``("skipped", id,
+    meta)``, ``("failed", id, reason)`` or ``("tokenized", id, (rec, tok))``."""
+    records_dir, out_dir, name, rid, params, options, digest, implementation = task
     try:
-        meta = finished_meta(records_dir, out_dir, name, digest)
+        meta = finished_meta(records_dir, out_dir, name, digest, record_id=rid)
         if meta is not None:
-            return "skipped", name, meta
+            return "skipped", rid, meta
         rec = load_record(
             records_dir, name, lead=options.lead, lead_fallback=options.lead_fallback,
             use_annotations=options.use_annotations, annotation_ext=options.annotation_ext,
@@ -146,11 +147,11 @@ def _compute(task: Tuple) -> Tuple[str, str, Any]:
             from hlmtune.ecg_tokenizer.reference import tokenize_record_reference as fn
         else:
             from hlmtune.ecg_tokenizer.core import tokenize_record as fn
-        return "tokenized", name, (rec.without_signal(), fn(rec, params))
+        return "tokenized", rid, (dataclasses.replace(rec.without_signal(), name=rid), fn(rec, params))
     except RecordError as e:
-        return "failed", name, e.problem
+        return "failed", rid, e.problem
     except Exception as e:  # one broken record must not stop the others
-        return "failed", name, f"{type(e).__name__}: {e}"
+        return "failed", rid, f"{type(e).__name__}: {e}"
 
 
 def _write(task: Tuple, res: Tuple[str, str, Any]) -> Tuple[str, str, Any]:
@@ -158,7 +159,7 @@ def _write(task: Tuple, res: Tuple[str, str, Any]) -> Tuple[str, str, Any]:
     status, name, payload = res
     if status != "tokenized":
         return res
-    records_dir, out_dir, name, params, options, digest, implementation = task
+    out_dir, params, digest = task[1], task[4], task[6]
     try:
         rec, tok = payload
         return "done", name, write_record(out_dir, rec, tok, params, digest)
@@ -182,6 +183,36 @@ def _pool(workers: int):
     return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),))
 
 
+@dataclass(frozen=True)
+class RecordSource:
+    """One WFDB database folder of a shard set.
+
+    Attributes:
+        directory (Path): the database folder.
+        database (Optional[str]): its name, the prefix of its record ids (``mitdb`` ->
+            ``mitdb/100``); None: bare record names (one database per shard set).
+        records (Optional[Sequence[str]]): record names in the folder (default: its ``RECORDS``
+            file, else every ``*.hea``).
+    """
+
+    directory: Path
+    database: Optional[str] = None
+    records: Optional[Sequence[str]] = None
+
+    def entries(self) -> List[Tuple[str, str]]:
+        """(name in the folder, record id in the shards) of every record."""
+        names = list(self.records) if self.records is not None else list_records(Path(self.directory))
+        return [(n, f"{self.database}/{n}" if self.database else n) for n in names]
+
+
+def database_name(directory: Path) -> str:
+    """The database name of a folder: its own name (``.../mitdb`` -> ``mitdb``)."""
+    name = Path(directory).resolve().name
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"cannot name the database of {directory}: give it as NAME=DIR")
+    return name
+
+
 def tokenize_directory(
     records_dir: Path,
     out_dir: Path,
@@ -192,6 +223,7 @@ def tokenize_directory(
     workers: int = 1,
     progress: bool = True,
     implementation: str = "fast",
+    database: Optional[str] = None,
 ) -> RunSummary:
     """Tokenize every record of a directory into shards and a manifest.
 
@@ -204,6 +236,8 @@ def tokenize_directory(
         workers (int): worker processes (1 = in this process).
         progress (bool): tqdm progress bar on stderr.
         implementation (str): ``"fast"`` or ``"reference"``.
+        database (Optional[str]): prefix of the record ids (``mitdb`` -> ``mitdb/100``); None:
+            bare names.
 
     Returns:
         RunSummary: what happened; ``summary.ok`` is False when any record failed.
@@ -212,16 +246,89 @@ def tokenize_directory(
         FileNotFoundError: no records directory / no records.
         ValueError: bad arguments.
     """
+    return tokenize_sources([RecordSource(Path(records_dir), database, records)], out_dir, params=params,
+                            options=options, workers=workers, progress=progress, implementation=implementation)
+
+
+def _kept_records(out_dir: Path, digest: str, databases: Sequence[Optional[str]], current: set) -> List[Dict[str, Any]]:
+    """Metadata of finished records of *other* databases already in ``out_dir`` (same parameters).
+
+    ``hlmtune tokenize`` may fill one shard set one database per call: the records an earlier
+    call wrote for another database stay in the manifest while their outputs still match.
+    """
+    import json
+
+    from hlmtune.ecg_tokenizer.shards import RECORDS_SUBDIR, sha256_file
+
+    kept = []
+    for path in sorted((out_dir / RECORDS_SUBDIR).glob("*.json")):
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        rid = str(meta.get("record", ""))
+        db = rid.split("/", 1)[0] if "/" in rid else None
+        if meta.get("run_digest") != digest or rid in current or db is None or db in databases:
+            continue
+        try:
+            if all(sha256_file(out_dir / o["file"]) == o["sha256"] for o in meta["outputs"].values()):
+                kept.append(meta)
+        except (OSError, KeyError):
+            continue
+    return kept
+
+
+def tokenize_sources(
+    sources: Sequence[RecordSource],
+    out_dir: Path,
+    *,
+    params: TokenizerParams,
+    options: Optional[RecordOptions] = None,
+    workers: int = 1,
+    progress: bool = True,
+    implementation: str = "fast",
+) -> RunSummary:
+    """Tokenize the records of one or more database folders into one shard set and manifest.
+
+    Every record is resampled to ``params.target_rate`` whatever its own rate. With several
+    folders each needs a database name (record ids ``mitdb/100``, ``svdb/800``), so that two
+    databases never collide. Records of other databases already in ``out_dir`` with the same
+    parameters stay in the manifest (one database per call fills one shard set).
+
+    Args:
+        sources (Sequence[RecordSource]): the folders.
+        out_dir (Path): output directory (created).
+        params (TokenizerParams): tokenizer parameters.
+        options (Optional[RecordOptions]): how records are read (defaults).
+        workers (int): worker processes (1 = in this process).
+        progress (bool): tqdm progress bar on stderr.
+        implementation (str): ``"fast"`` or ``"reference"``.
+
+    Returns:
+        RunSummary: what happened; ``summary.ok`` is False when any record failed.
+
+    Raises:
+        FileNotFoundError: no records directory / no records.
+        ValueError: bad arguments (several folders without database names, a name twice).
+    """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if not sources:
+        raise ValueError("no record folders to tokenize")
+    dbs = [s.database for s in sources]
+    if len(sources) > 1 and None in dbs:
+        raise ValueError("several record folders need a database name each (NAME=DIR): record ids must not collide")
+    if len(set(dbs)) != len(dbs):
+        raise ValueError(f"database names must differ, got {dbs}")
     options = options or RecordOptions()
-    records_dir, out_dir = Path(records_dir), Path(out_dir)
-    names = list(records) if records is not None else list_records(records_dir)
-    if not names:
+    out_dir = Path(out_dir)
+    entries = [(Path(s.directory), n, rid) for s in sources for n, rid in s.entries()]
+    if not entries:
         raise ValueError("no records to tokenize")
-    if len(set(names)) != len(names):
+    ids = [rid for _, _, rid in entries]
+    if len(set(ids)) != len(ids):
         raise ValueError("duplicate record names")
     out_dir.mkdir(parents=True, exist_ok=True)
     # The manifest describes a finished run: remove it before any shard changes, so a run
@@ -230,17 +337,17 @@ def tokenize_directory(
     opts = options.to_dict()
     digest = run_digest(params, opts)
 
-    def size(n: str) -> int:  # largest first balances the pool (O(1) stats per record)
+    def size(e: Tuple[Path, str, str]) -> int:  # largest first balances the pool (O(1) stats per record)
         total = 0
         for ext in ("dat", options.annotation_ext):
             try:
-                total += (records_dir / f"{n}.{ext}").stat().st_size
+                total += (e[0] / f"{e[1]}.{ext}").stat().st_size
             except OSError:
                 pass
         return total
 
-    order = sorted(names, key=lambda n: (-size(n), n))
-    tasks = [(records_dir, out_dir, n, params, options, digest, implementation) for n in order]
+    order = sorted(entries, key=lambda e: (-size(e), e[2]))
+    tasks = [(d, out_dir, n, rid, params, options, digest, implementation) for d, n, rid in order]
     summary = RunSummary(out_dir=out_dir, workers=workers)
     metas: List[Dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -294,6 +401,7 @@ def tokenize_directory(
     summary.failed.sort(key=lambda f: f["record"])
     summary.done.sort()
     summary.skipped.sort()
+    metas += _kept_records(out_dir, digest, dbs, set(ids))
     summary.manifest = build_manifest(params, opts, digest, metas, summary.failed)
     atomic_write_bytes(out_dir / MANIFEST, json_bytes(summary.manifest))
     summary.seconds = time.perf_counter() - t0

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -67,6 +67,8 @@ class EcgRecord:
         detector (Optional[Dict]): detector vs annotation statistics, when both exist.
         inputs (Dict[str, str]): input file name -> sha256.
         notes (List[str]): non-fatal remarks (e.g. lead fallback).
+        dropped (List[Dict[str, Any]]): beat annotations left out before tokenizing
+            (``{"sample", "reason"}``: outside the signal); the tokenizer adds them to its own.
         n_samples (int): samples in the lead (from ``signal`` when not given).
     """
 
@@ -85,6 +87,7 @@ class EcgRecord:
     inputs: Dict[str, str] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     n_samples: int = -1
+    dropped: List[Dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.n_samples < 0:
@@ -314,6 +317,7 @@ def load_record(
         beat_rhythms=np.asarray(beat_rh, dtype=np.int16), rhythms=ann.rhythms if ann is not None else [],
         beat_source=source, annotated_beats=int(ann.samples.size) if ann is not None else 0,
         detector=det_stats, inputs=inputs, notes=notes,
+        dropped=list(ann.outside) if use_annotations and ann is not None else [],
     )
 
 
@@ -408,6 +412,7 @@ class _Annotations:
     rhythm_idx: np.ndarray
     rhythms: List[str]
     changes: Tuple[np.ndarray, np.ndarray]
+    outside: List[Dict[str, Any]] = field(default_factory=list)
 
 
 def _read_annotations(
@@ -458,15 +463,18 @@ def _read_annotations(
     changes = (samples[at], change[at].astype(np.int16))
     keep = codes >= 0
     beats, beat_codes, beat_rh = samples[keep], codes[keep], rh_idx[keep]
-    if beats.size and (beats[0] < 0 or beats[-1] >= n):
-        raise RecordError(name, f"beat annotation at sample {int(beats[-1])} lies outside the signal ({n} samples)")
+    # A beat annotation outside the signal (PhysioNet's own files have one a sample past the end)
+    # is left out and counted, as a beat at a record edge is; the record's other beats stay.
+    inside = (beats >= 0) & (beats < n)
+    outside = [{"sample": int(b), "reason": f"annotation outside the signal ({n} samples)"} for b in beats[~inside]]
+    beats, beat_codes, beat_rh = beats[inside], beat_codes[inside], beat_rh[inside]
     if beats.size and np.any(np.diff(beats) <= 0):
         order = np.argsort(beats, kind="stable")
         beats, beat_codes, beat_rh = beats[order], beat_codes[order], beat_rh[order]
         dup = np.flatnonzero(np.diff(beats) == 0)
         if dup.size:
             raise RecordError(name, f"two beat annotations at sample {int(beats[dup[0]])} in {atr.name}")
-    return _Annotations(beats, beat_codes, beat_rh, rhythms, changes)
+    return _Annotations(beats, beat_codes, beat_rh, rhythms, changes, outside)
 
 
 def _rhythm_at(beats: np.ndarray, changes: Tuple[np.ndarray, np.ndarray]) -> np.ndarray:

@@ -46,7 +46,7 @@ def tokenize_record_reference(rec: EcgRecord, params: TokenizerParams) -> Tokeni
     unlabeled = len(vocab.classes) - 1
     nb, w, pre, n_in = int(params.rr_bins), int(params.window), params.pre, rec.n_samples
     tokens = [BOS_ID]
-    rows, dropped = [], []
+    rows, dropped = [], list(rec.dropped)
     prev = None
     for j in range(rec.beat_samples.size):
         r = int(rec.beat_samples[j])

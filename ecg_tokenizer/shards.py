@@ -125,7 +125,8 @@ def write_record(
     return meta
 
 
-def finished_meta(records_dir: Path, out_dir: Path, name: str, digest: str) -> Optional[Dict[str, Any]]:
+def finished_meta(records_dir: Path, out_dir: Path, name: str, digest: str,
+                  record_id: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """The metadata of a record already tokenized with the same parameters, else None.
 
     Checks: the ``.json`` marker parses, its ``run_digest`` matches, every input file
@@ -134,18 +135,20 @@ def finished_meta(records_dir: Path, out_dir: Path, name: str, digest: str) -> O
     Args:
         records_dir (Path): database directory.
         out_dir (Path): output directory.
-        name (str): record name.
+        name (str): record name in ``records_dir``.
         digest (str): current :func:`run_digest`.
+        record_id (Optional[str]): the record's id in the shards (``mitdb/100``; default ``name``).
 
     Returns:
         Optional[Dict[str, Any]]: the metadata, or None when the record must be (re)done.
     """
-    path = Path(out_dir) / RECORDS_SUBDIR / f"{stem(name)}.json"
+    rid = record_id or name
+    path = Path(out_dir) / RECORDS_SUBDIR / f"{stem(rid)}.json"
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("run_digest") != digest or meta.get("record") != name:
+    if meta.get("run_digest") != digest or meta.get("record") != rid:
         return None
     base = (Path(records_dir) / name).parent
     try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,6 +75,7 @@ def resolve_records(
     split_file: Optional[str],
     available: Sequence[str],
     evaluation: bool = False,
+    extra_records: Any = None,
 ) -> List[str]:
     """Records a dataset reads.
 
@@ -85,6 +86,8 @@ def resolve_records(
         available (Sequence[str]): records in the token manifest.
         evaluation (bool): True only for :mod:`hlmtune.hlm.evaluate`; training datasets may not
             read DS2.
+        extra_records (Any): more training patients beside the split's (:func:`extra_records`):
+            a database of the shards (``svdb``), a list of record ids, or None / empty.
 
     Returns:
         List[str]: record names, in manifest order.
@@ -99,25 +102,111 @@ def resolve_records(
 
         close = difflib.get_close_matches(str(split), SPLIT_NAMES, n=1)
         raise SplitError(f"split must be one of {SPLIT_NAMES}, got {split!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    chosen = records_asked(split=split, records=records, lists=lists)
-    test = set(lists[TEST])
+    asked = records_asked(split=split, records=records, lists=lists)
+    chosen = match_records(asked, available)
     if not evaluation and split != RANDOM:
-        leaked = sorted(set(chosen) & test)
+        test = set(lists[TEST]) | {r for r in match_records(lists[TEST], available) if r}
+        leaked = sorted({a for a, r in zip(asked, chosen) if a in test or (r and r in test)})
         if leaked:
             raise SplitError(
                 f"records {leaked} are test records (DS2): they are read only by `hlmtune eval`. "
                 "Train on DS1 (the default) or ask for split: random explicitly"
             )
-    have = set(available)
-    missing = [r for r in chosen if r not in have]
+    missing = [a for a, r in zip(asked, chosen) if r is None]
     if missing:
         hint = (
             " (these are MIT-BIH names: for another database give split_file, or records)"
             if split_file is None and records is None else ""
         )
         raise SplitError(f"records {missing} are not in the token shards{hint}")
+    extra = extra_records_of(extra_records, available, test=lists[TEST])
     order = {r: i for i, r in enumerate(available)}
-    return sorted(chosen, key=order.__getitem__)
+    return sorted(dict.fromkeys([*chosen, *extra]), key=order.__getitem__)
+
+
+def extra_records_of(extra: Any, available: Sequence[str], *, test: Sequence[str] = MITDB_DS2) -> List[str]:
+    """The training records ``dataset.extra_records`` adds to the split's.
+
+    Args:
+        extra (Any): None, ``""`` or ``[]`` (none); a database name of the shards (``svdb``:
+            every record whose id is ``svdb/...``); or a list of record ids / names.
+        available (Sequence[str]): the shards' record ids.
+        test (Sequence[str]): the test list; none of its records may be added.
+
+    Returns:
+        List[str]: record ids, in manifest order.
+
+    Raises:
+        SplitError: a database the shards do not hold, a record they do not hold, a test record.
+    """
+    if extra is None or extra == "" or (not isinstance(extra, str) and len(extra) == 0):
+        return []
+    if isinstance(extra, str):
+        if "/" in extra or extra in available:
+            asked = [extra]
+        else:
+            asked = [r for r in available if database_of(r) == extra]
+            if not asked:
+                dbs = sorted({database_of(r) for r in available} - {""})
+                raise SplitError(
+                    f"extra_records: {extra!r}: the shards hold no record of database {extra!r} "
+                    f"(databases: {', '.join(dbs) or 'none named'}); tokenize that database into them "
+                    f"(hlmtune tokenize --records ... {extra}=DIR --out <shards>) or set extra_records to null "
+                    "(the split's records only)")
+    else:
+        asked = [str(r) for r in extra]
+    got = match_records(asked, available)
+    missing = [a for a, r in zip(asked, got) if r is None]
+    if missing:
+        raise SplitError(f"extra_records: records {missing} are not in the token shards")
+    test_ids = {r for r in match_records(test, available) if r}
+    leaked = sorted(r for r in got if r in test_ids)
+    if leaked:
+        raise SplitError(f"extra_records: {leaked} are test records: they are read only by `hlmtune eval`")
+    return [r for r in available if r in set(got)]
+
+
+def match_records(asked: Sequence[str], available: Sequence[str]) -> List[Optional[str]]:
+    """Each asked record as the id the shards know it by, or None when they do not hold it.
+
+    Shards of several databases name records ``<database>/<record>`` (``mitdb/100``,
+    ``svdb/800``); a list may name them so, or by the record alone when only one database
+    holds that name (``100``). A database-qualified name also finds the bare id of a shard set
+    tokenized from one folder without a database name.
+
+    Args:
+        asked (Sequence[str]): record names from a split file, a ``records`` list or DS1/DS2.
+        available (Sequence[str]): the shards' record ids.
+
+    Returns:
+        List[Optional[str]]: per asked name, its id or None.
+
+    Raises:
+        SplitError: a bare name that several databases of the shards hold.
+    """
+    ids = set(available)
+    by_name: Dict[str, List[str]] = {}
+    for r in available:
+        by_name.setdefault(r.rsplit("/", 1)[-1], []).append(r)
+    out: List[Optional[str]] = []
+    for a in map(str, asked):
+        if a in ids:
+            out.append(a)
+        elif "/" in a:
+            bare = a.rsplit("/", 1)[-1]
+            out.append(bare if bare in ids else None)
+        else:
+            hits = by_name.get(a, [])
+            if len(hits) > 1:
+                raise SplitError(f"record {a!r} is in several databases of the shards ({', '.join(sorted(hits))}): "
+                                 "name it with its database")
+            out.append(hits[0] if hits else None)
+    return out
+
+
+def database_of(record: str) -> str:
+    """The database part of a record id (``mitdb/100`` -> ``mitdb``; a bare id -> ``""``)."""
+    return record.rsplit("/", 1)[0] if "/" in record else ""
 
 
 def records_asked(*, split: str, records: Optional[Sequence[str]], lists: Dict[str, Tuple[str, ...]]) -> List[str]:
@@ -138,8 +227,16 @@ def records_asked(*, split: str, records: Optional[Sequence[str]], lists: Dict[s
     return list(lists[split])
 
 
-def check_disjoint(train: Sequence[str], test: Sequence[str], *, what: str = "run") -> None:
+def check_disjoint(train: Sequence[str], test: Sequence[str], *, what: str = "run",
+                   digests: Optional[Dict[str, str]] = None) -> None:
     """Refuse an evaluation whose test records were trained on.
+
+    Args:
+        train (Sequence[str]): training record ids.
+        test (Sequence[str]): test record ids.
+        what (str): what trained (for the message).
+        digests (Optional[Dict[str, str]]): record id -> digest of its signal file: a record
+            under two ids (the same file tokenized from two folders) counts as shared too.
 
     Raises:
         SplitError: naming the shared records.
@@ -147,6 +244,12 @@ def check_disjoint(train: Sequence[str], test: Sequence[str], *, what: str = "ru
     both = sorted(set(train) & set(test))
     if both:
         raise SplitError(f"the {what}'s training records meet its test records: {both}; inter-patient results need disjoint patients")
+    if digests:
+        seen = {digests[r]: r for r in train if digests.get(r)}
+        same = sorted(f"{seen[digests[r]]} = {r}" for r in test if digests.get(r) in seen)
+        if same:
+            raise SplitError(f"the {what}'s training records hold the same signal as test records ({', '.join(same)}): "
+                             "inter-patient results need disjoint patients")
 
 
 def random_beat_mask(record: str, n_beats: int, *, seed: int, test_fraction: float) -> np.ndarray:

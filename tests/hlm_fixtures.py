@@ -52,6 +52,8 @@ def run_hlm(recipe: str, config: str, out: Path, *, shards: Dict[str, object], n
     """``hlmtune run`` of an ECG config on the test shards, recorded by the collector."""
     cmd = [HLMTUNE, "run"] + (["--nproc_per_node", str(nproc)] if nproc else []) + [
         recipe, "--config", config, f"shards_dir={shards['shards']}", f"split_file={shards['split_file']}",
+        # the test shards hold one database: the configs' extra training patients (svdb) are not in them
+        "extra_records=null",
         f"output_dir={out}", f"metric_logger._component_={COLLECTOR}", f"metric_logger.log_dir={out}/metrics",
         *overrides,
     ]

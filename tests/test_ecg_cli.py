@@ -100,7 +100,7 @@ def test_failed_record_gives_exit_status_1(mitdb_dir, tmp_path, capsys):
                "--sampto", "36000", "--workers", "1", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "FAILED records:\n  101: annotation file 101.atr is missing" in out
+    assert "FAILED records:\n  db/101: annotation file 101.atr is missing" in out  # ids carry the database
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):

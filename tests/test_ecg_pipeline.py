@@ -185,3 +185,87 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _svdb_style(folder: Path, names=("800", "801"), seconds: float = 60.0) -> Path:
+    """Records as the MIT-BIH Supraventricular Arrhythmia Database ships them: 128 Hz, CRLF
+    headers, leads ECG1/ECG2 (no MLII), and a beat annotation one sample past the signal's end."""
+    import wfdb
+
+    from hlmtune.ecg_tokenizer.synth import write_synthetic_database
+
+    written = write_synthetic_database(folder, n_records=len(names), fs=128, duration_s=seconds, seed=7)
+    for old, new in zip(written, names):
+        rec = wfdb.rdrecord(str(folder / old))
+        ann = wfdb.rdann(str(folder / old), "atr")
+        for ext in ("hea", "dat", "atr"):
+            (folder / f"{old}.{ext}").unlink()
+        wfdb.wrsamp(new, fs=128, units=["mV", "mV"], sig_name=["ECG1", "ECG2"], p_signal=rec.p_signal,
+                    fmt=["212", "212"], write_dir=str(folder))
+        past = rec.p_signal.shape[0]  # one sample past the last one
+        wfdb.wrann(new, "atr", np.append(ann.sample, past), symbol=[*ann.symbol, "N"], write_dir=str(folder))
+        hea = folder / f"{new}.hea"
+        hea.write_bytes(hea.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+    (folder / "RECORDS").write_text("\n".join(names) + "\n")
+    return folder
+
+
+def test_two_databases_one_shard_set_ids_never_collide(mitdb_dir, tmp_path):
+    """A record name both databases hold stays two records; svdb-style input tokenizes at 128 Hz."""
+    from hlmtune.ecg_tokenizer.pipeline import RecordSource, tokenize_sources
+    from hlmtune.ecg_tokenizer.splits import match_records
+
+    a = tmp_path / "mitdb"
+    a.mkdir()
+    for n in ("100", "101"):
+        _copy(mitdb_dir, n, a)
+    b = _svdb_style(tmp_path / "svdb", names=("100", "800"))  # "100" in both databases
+    params = TokenizerParams()
+    s = tokenize_sources([RecordSource(a, "mitdb"), RecordSource(b, "svdb")], tmp_path / "out", params=params,
+                         progress=False)
+    assert s.ok, s.format()
+    recs = {r["record"]: r for r in s.manifest["records"]}
+    assert sorted(recs) == ["mitdb/100", "mitdb/101", "svdb/100", "svdb/800"]
+    assert recs["mitdb/100"]["outputs"]["tokens"]["sha256"] != recs["svdb/100"]["outputs"]["tokens"]["sha256"]
+    sv = recs["svdb/800"]
+    assert sv["fs"] == 128.0 and sv["lead"] == "ECG1" and any("MLII absent" in n for n in sv["notes"])
+    # the annotation past the end is dropped and counted; the record's other beats are kept
+    assert [d["reason"] for d in sv["dropped"] if "outside the signal" in d["reason"]] == [
+        "annotation outside the signal (7680 samples)"]
+    assert sv["n_beats"] >= sv["annotated_beats"] - sv["n_dropped"] > 50
+    # names: exact ids, a database's own name when only one database has it, else an error
+    ids = list(recs)
+    assert match_records(["svdb/100", "800", "101"], ids) == ["svdb/100", "svdb/800", "mitdb/101"]
+    with pytest.raises(ValueError, match=r"'100' is in several databases .*mitdb/100, svdb/100"):
+        match_records(["100"], ids)
+    # a second call with one database keeps the other's records in the manifest
+    s2 = tokenize_sources([RecordSource(b, "svdb")], tmp_path / "out", params=params, progress=False)
+    assert sorted(r["record"] for r in s2.manifest["records"]) == sorted(ids) and s2.skipped == ["svdb/100", "svdb/800"]
+
+
+def test_several_folders_need_names(mitdb_dir, tmp_path):
+    from hlmtune.ecg_tokenizer.pipeline import RecordSource, tokenize_sources
+
+    with pytest.raises(ValueError, match="need a database name each"):
+        tokenize_sources([RecordSource(mitdb_dir), RecordSource(mitdb_dir, "x")], tmp_path, params=TokenizerParams())
+    with pytest.raises(ValueError, match="database names must differ"):
+        tokenize_sources([RecordSource(mitdb_dir, "x"), RecordSource(mitdb_dir, "x")], tmp_path, params=TokenizerParams())
+
+
+def test_cli_tokenizes_several_folders_into_one_set(mitdb_dir, tmp_path, hlmtune_cli):
+    import subprocess
+
+    a = tmp_path / "mitdb"
+    a.mkdir()
+    _copy(mitdb_dir, "100", a)
+    b = _svdb_style(tmp_path / "supraventricular", names=("800",), seconds=30)
+    out = tmp_path / "tok"
+    proc = subprocess.run([hlmtune_cli, "tokenize", "--records", str(a), f"svdb={b}", "--out", str(out),
+                           "--no-progress", "--workers", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert [r["record"] for r in m["records"]] == ["mitdb/100", "svdb/800"]
+    assert (out / "records" / "svdb__800.tokens.npy").is_file()
+    bad = subprocess.run([hlmtune_cli, "tokenize", "--records", str(a), str(b), "--records-list", str(a / "RECORDS"),
+                          "--out", str(out)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "one --records folder" in bad.stderr

@@ -177,6 +177,7 @@ def test_torchtune_single_device_recipe_runs_the_config_unchanged(shards, pretra
     out = tmp_path / "run"
     cmd = [tune, "run", "lora_finetune_single_device", "--config", str(CONFIGS / f"{config}.yaml"),
            f"shards_dir={shards['shards']}", f"split_file={shards['split_file']}", f"pretrain_dir={pretrained}",
+           "extra_records=null",
            f"output_dir={out}", "max_steps_per_epoch=3", "batch_size=8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -337,7 +337,7 @@ def run_cv(
     pretrain_steps: int = PRETRAIN_STEPS, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
-    pretrain_seed: int = 0,
+    pretrain_seed: int = 0, svdb: Optional[str] = "auto",
 ) -> Path:
     """Cross-validate the main job's model inside DS1; returns the report path.
 
@@ -363,6 +363,8 @@ def run_cv(
         baseline (Optional[Path]): an earlier ``hlmtune cv`` folder (or its ``cv_metrics.json``)
             with the same folds: the report and ``cv_metrics.json`` put this run beside it
             (:func:`compare_to_baseline`). Read before any fold trains.
+        svdb (Optional[str]): extra training patients of every fold (``auto``: ``$HLM_DATA/svdb``
+            with MIT-BIH data; a folder; None / ``none``), as ``hlmtune demo --svdb``; never held out.
     """
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.splits import load_split_file
@@ -371,7 +373,7 @@ def run_cv(
         RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, by_timing, class_table, headline, per_record, record_table,
         timing_table,
     )
-    from hlmtune.hlm.pipeline import SYNTHETIC_MARK, examples_trained, find_data, run_pipeline
+    from hlmtune.hlm.pipeline import SYNTHETIC_MARK, examples_trained, find_data, find_svdb, run_pipeline
 
     _check_overrides(finetune_overrides)
     examples = examples_trained(finetune_examples, finetune_overrides)  # what the fine-tunes draw, for the report
@@ -393,6 +395,7 @@ def run_cv(
     _say(f"data: {described}; {len(ds1)} DS1 records in {folds} folds (DS2 is not read)")
     atomic_write_text(out / "folds.json", json.dumps({"folds": parts, "counts": counts}, indent=1) + "\n")
     synthetic = (db / SYNTHETIC_MARK).exists()
+    extra_db = find_svdb(svdb, mitdb=split_file is None)  # every fold trains on it; none of it is held out
     tokens = out / "tokens"  # one tokenization of the DS1 records serves every fold
 
     fold_truth: List[np.ndarray] = []
@@ -409,7 +412,7 @@ def run_cv(
         report = run_pipeline(out=fold_dir, data=str(_fold_db(db, fold_dir, train, held, synthetic)), nproc=nproc,
                               pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                               seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval,
-                              force=force, tokens_dir=tokens,
+                              force=force, tokens_dir=tokens, svdb=str(extra_db) if extra_db else None,
                               finetune_overrides=finetune_overrides, job_root=out)
         pred = np.load(report.parent / "predictions.npz")
         classes = [str(c) for c in pred["classes"]]
@@ -579,7 +582,7 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
                         model=args.model, seeds=args.seeds, pretrainings=args.pretrainings, pretrain_seed=args.pretrain_seed,
                         max_eval=args.max_eval, force=args.force,
                         finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
-                        baseline=args.baseline)
+                        baseline=args.baseline, svdb=args.svdb)
         from hlmtune.hlm.evaluate import class_table
 
         doc = json.loads((report.parent / "cv_metrics.json").read_text())

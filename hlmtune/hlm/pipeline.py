@@ -114,6 +114,33 @@ def find_data(data: Optional[str], out: Path, source: str) -> Tuple[Path, str, O
     return synthetic_database(out / "data" / "synthetic"), "SYNTHETIC ECG (hlmtune synth-ecg; not MIT-BIH: numbers say nothing about real patients)", None
 
 
+def find_svdb(svdb: Optional[str], *, mitdb: bool) -> Optional[Path]:
+    """The MIT-BIH Supraventricular Arrhythmia Database folder that adds training patients, or None.
+
+    Args:
+        svdb (Optional[str]): ``auto`` (``$HLM_DATA/svdb`` when it holds records), a folder, or
+            None / ``none``.
+        mitdb (bool): whether the job's data is MIT-BIH (its DS1/DS2): svdb joins only MIT-BIH
+            (a synthetic or other database keeps its own patients).
+
+    Returns:
+        Optional[Path]: the folder.
+
+    Raises:
+        FileNotFoundError: a folder given that holds no WFDB records.
+    """
+    if svdb in (None, "none", ""):
+        return None
+    if svdb != "auto":
+        p = Path(svdb)
+        if not any(p.glob("*.hea")):
+            raise FileNotFoundError(f"--svdb {p}: no WFDB records (*.hea) there")
+        return p
+    env = os.environ.get("HLM_DATA")
+    p = Path(env) / "svdb" if env else None
+    return p if mitdb and p is not None and any(p.glob("*.hea")) else None
+
+
 def synthetic_database(path: Path, n_records: int = 8, duration_s: float = 300.0) -> Path:
     """A synthetic WFDB database with a ``splits.json`` (first 5 records train, the rest test)."""
     from hlmtune._io import atomic_write_text
@@ -272,9 +299,12 @@ def data_digest(tokens: Path, lists: Dict[str, Sequence[str]], records: Sequence
     """
     import hashlib
 
+    from hlmtune.ecg_tokenizer.splits import match_records
+
     manifest = json.loads((Path(tokens) / "manifest.json").read_text())
     by_name = {r["record"]: r for r in manifest["records"]}
-    shards = {r: {k: o.get("sha256") for k, o in sorted(by_name[r]["outputs"].items())} for r in records if r in by_name}
+    ids = [r for r in match_records(records, list(by_name)) if r]  # names as lists give them -> shard ids
+    shards = {r: {k: o.get("sha256") for k, o in sorted(by_name[r]["outputs"].items())} for r in ids}
     doc = {"params": manifest.get("params"), "shards": shards, "split": {k: list(v) for k, v in lists.items()}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -311,7 +341,8 @@ def pretrain_dirs(out: Path, pretrainings: int) -> List[Path]:
     return [out / "runs" / ("pretrain" if p == 0 else f"pretrain_seed{p}") for p in range(pretrainings)]
 
 
-def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], nproc: int) -> Tuple[Optional[int], int]:
+def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], nproc: int,
+                      extra_records: Optional[str] = None) -> Tuple[Optional[int], int]:
     """The pretraining window stride that lets one epoch hold ``steps`` optimizer steps.
 
     ``max_steps_per_epoch`` stops at the end of the epoch, and an epoch of packed 512-token
@@ -327,6 +358,8 @@ def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], npro
         tokens (Path): the shards (``hlmtune tokenize`` output).
         split_file (Optional[Path]): split lists of another database (None: MIT-BIH DS1).
         nproc (int): ranks; the shipped config splits the windows into equal per-rank blocks.
+        extra_records (Optional[str]): the training patients beside DS1 (``svdb``), as the
+            pretraining run gets them.
 
     Returns:
         Tuple[Optional[int], int]: the stride (None: the config's own) and the steps of the
@@ -346,7 +379,7 @@ def pretrain_schedule(steps: int, tokens: Path, split_file: Optional[Path], npro
 
     def epoch_steps(stride: Optional[int]) -> int:
         ds = ecg_pretrain_dataset(tok, shards_dir=str(tokens), max_seq_len=seq, stride=stride,
-                                  split_file=str(split_file) if split_file else None)
+                                  split_file=str(split_file) if split_file else None, extra_records=extra_records)
         # The recipe's loader: per-rank blocks of len // nproc windows, batches of batch_size, last dropped.
         return (len(ds) // nproc) // int(cfg.batch_size)
 
@@ -435,7 +468,7 @@ def run_pipeline(
     finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
     calibration: Optional[Path] = None, pretrainings: int = 1, job_root: Optional[Path] = None,
-    pretrain_seed: int = 0,
+    pretrain_seed: int = 0, svdb: Optional[str] = "auto",
 ) -> Path:
     """Run every stage; returns the report path.
 
@@ -466,9 +499,12 @@ def run_pipeline(
         job_root (Optional[Path]): the folder a copy of the job is made of (default ``out``;
             ``hlmtune cv`` gives its own, which holds the folds and their shared tokens): stage
             stamps name paths inside it relative to it, so the copy keeps the finished stages.
+        svdb (Optional[str]): extra training patients, the MIT-BIH Supraventricular Arrhythmia
+            Database: ``auto`` (``$HLM_DATA/svdb`` when it is there and the data is MIT-BIH), a
+            folder, or None / ``none`` (DS1 only).
     """
     from hlmtune._io import atomic_write_text, ensure_dir
-    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, tokenize_sources
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
     from hlmtune.hlm.evaluate import (RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, baseline_table, class_table, evaluate,
                                       headline, load_run_config, ordered_results, record_table, timing_table)
@@ -502,13 +538,21 @@ def run_pipeline(
     lists = load_split_file(str(split_file) if split_file is not None else None)  # names the file if bad
     _say(f"data: {described}")
     records = list(lists["DS1"]) + list(lists["DS2"])
+    extra_db = find_svdb(svdb, mitdb=split_file is None)
+    if extra_db is not None:
+        described += f"; extra training patients: MIT-BIH Supraventricular Arrhythmia Database ({extra_db}, every record)"
+        _say(f"extra training patients: {extra_db} (svdb)")
     timings["data"] = time.perf_counter() - t0
 
-    # 2. tokenize (resumes record by record)
+    # 2. tokenize (resumes record by record): MIT-BIH as mitdb/<record> (a split file's database keeps
+    # its own names), svdb as svdb/<record>, resampled to one rate
     t0 = time.perf_counter()
     tokens = Path(tokens_dir).resolve() if tokens_dir is not None else out / "tokens"
-    summary = tokenize_directory(db, tokens, params=HLM_TOKENS, options=RecordOptions(), records=records,
-                                 workers=min(2, os.cpu_count() or 1), progress=True)
+    sources = [RecordSource(db, "mitdb" if split_file is None else None, records)]
+    if extra_db is not None:
+        sources.append(RecordSource(extra_db, "svdb"))
+    summary = tokenize_sources(sources, tokens, params=HLM_TOKENS, options=RecordOptions(),
+                               workers=min(2, os.cpu_count() or 1), progress=True)
     if not summary.ok:
         raise RuntimeError("tokenize failed for some records:\n" + summary.format())
     timings["tokenize"] = time.perf_counter() - t0
@@ -519,11 +563,13 @@ def run_pipeline(
 
     # What the models learn from and are tested on, beyond the commands' paths: a changed split
     # file or re-tokenized records under the same paths redo training and evaluation.
-    data = data_digest(tokens, lists, records)
+    extra_ids = [r["record"] for r in summary.manifest["records"] if r["record"].startswith("svdb/")]
+    data = data_digest(tokens, lists, records + extra_ids)
     env = dict(os.environ)
     # One intra-op thread per rank on a CPU host (ranks x threads = cores), as torchrun does for >1 rank.
     env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    common = [f"shards_dir={tokens}", f"split_file={split_file}" if split_file else "split_file=null"]
+    common = [f"shards_dir={tokens}", f"split_file={split_file}" if split_file else "split_file=null",
+              f"extra_records={'svdb' if extra_db is not None else 'null'}"]
     size = [f"model._component_=hlmtune.hlm.model.{model}"]
 
     # 3. pretrain, 4. LoRA fine-tune
@@ -535,7 +581,8 @@ def run_pipeline(
     fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}" if k % pretrainings == 0
                            else f"lora_seed{k}_pre{k % pretrainings}") for k in range(seeds)]
     ft = fts[0]
-    stride, pre_steps = pretrain_schedule(pretrain_steps, tokens, split_file, nproc)
+    stride, pre_steps = pretrain_schedule(pretrain_steps, tokens, split_file, nproc,
+                                          extra_records="svdb" if extra_db is not None else None)
     if pre_steps < pretrain_steps:
         _say(f"warning: --pretrain-steps {pretrain_steps} > the {pre_steps} steps one epoch holds even with "
              f"windows every {stride or 'max_seq_len'} tokens ({MAX_WINDOW_OVERLAP}-fold overlap, the most this "
@@ -704,6 +751,9 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
     p.add_argument("--data", default=None, help="WFDB folder (MIT-BIH, or a database with splits.json)")
     p.add_argument("--source", default="auto", choices=("auto", "mitdb", "download", "synthetic"),
                    help="where records come from when --data is not given")
+    p.add_argument("--svdb", default="auto", metavar="DIR|auto|none",
+                   help="extra training patients: the MIT-BIH Supraventricular Arrhythmia Database (auto: $HLM_DATA/svdb "
+                        "when present and the data is MIT-BIH; none: DS1 only). Never a test patient")
     p.add_argument("--nproc", type=int, default=2, help="CPU ranks for training")
     p.add_argument("--model", default="hlm_1m", help="hlm_1m, hlm_10m or hlm_100m")
     p.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
@@ -780,4 +830,4 @@ def _main(args: argparse.Namespace) -> int:
         out=Path(args.out), data=args.data, source=args.source, nproc=args.nproc, pretrain_steps=args.pretrain_steps,
         finetune_examples=args.finetune_examples, max_eval=args.max_eval, model=args.model, force=args.force,
         seeds=args.seeds, calibration=args.calibration, pretrainings=args.pretrainings,
-        pretrain_seed=args.pretrain_seed))
+        pretrain_seed=args.pretrain_seed, svdb=args.svdb))

@@ -59,3 +59,32 @@ def test_random_beat_split_is_seeded_and_sized():
     assert not np.array_equal(a, sp.random_beat_mask("101", 10000, seed=3, test_fraction=0.2))
     assert 0.18 < a.mean() < 0.22
     assert "NOT comparable" in sp.RANDOM_SPLIT_NOTICE
+
+
+QUALIFIED = [f"mitdb/{r}" for r in (*MITDB_DS1, *MITDB_DS2)] + ["svdb/800", "svdb/802"]
+
+
+def test_qualified_ids_resolve_from_mitbih_names_and_extra_records_add_patients():
+    got = sp.resolve_records(split="DS1", records=None, split_file=None, available=QUALIFIED, extra_records="svdb")
+    assert got == [f"mitdb/{r}" for r in MITDB_DS1] + ["svdb/800", "svdb/802"]
+    assert sp.resolve_records(split="DS1", records=None, split_file=None, available=QUALIFIED,
+                              extra_records=["svdb/802"])[-1] == "svdb/802"
+    for none in (None, "", []):
+        assert sp.extra_records_of(none, QUALIFIED) == []
+    with pytest.raises(sp.SplitError, match=r"hold no record of database 'incartdb' \(databases: mitdb, svdb\)"):
+        sp.extra_records_of("incartdb", QUALIFIED)
+    with pytest.raises(sp.SplitError, match="are test records"):  # a DS2 patient is never an extra one
+        sp.extra_records_of(["100"], QUALIFIED)
+    with pytest.raises(sp.SplitError, match="not in the token shards"):
+        sp.extra_records_of(["svdb/899"], QUALIFIED)
+    with pytest.raises(sp.SplitError, match="test records"):  # DS2 by its MIT-BIH name, in qualified shards
+        sp.resolve_records(split="DS1", records=["100"], split_file=None, available=QUALIFIED)
+
+
+def test_an_overlap_across_databases_is_refused_by_id_and_by_signal():
+    sp.check_disjoint(["svdb/800"], ["mitdb/100"], digests={"svdb/800": "a", "mitdb/100": "b"})
+    with pytest.raises(sp.SplitError, match="meet its test records"):
+        sp.check_disjoint(["mitdb/100", "svdb/800"], ["mitdb/100"])
+    # the same recording tokenized under two databases' names: one patient, refused
+    with pytest.raises(sp.SplitError, match=r"same signal as test records \(copy/100 = mitdb/100\)"):
+        sp.check_disjoint(["copy/100"], ["mitdb/100"], digests={"copy/100": "x", "mitdb/100": "x"})
