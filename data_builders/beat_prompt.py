@@ -114,6 +114,13 @@ class BeatPromptOptions:
             third of them (None = the shards' whole window; 80 = -0.22 s .. +0.41 s at 128 Hz).
         next_rr (bool): the prompt ends with the following RR interval (the compensatory pause
             of the classic inter-patient feature sets).
+        rr_reference (str): the running reference of ``normalized_rr``: ``median`` or ``mean`` of
+            the last ``normalized_rr`` intervals.
+        local_rr (int): 0 = off; else an RR token of the local average interval, the mean of the
+            ``local_rr`` beats around the target (de Chazal 2004: 10), after the following RR.
+        average_rr_s (float): 0 = off; else an RR token of the average interval of the beats
+            within ``average_rr_s / 2`` seconds of the target (de Chazal 2004: 300), last before
+            ``<beat?>``. Both are written as the other RR tokens (relative with ``normalized_rr``).
         template_beats (int): 0 = off; else the patient's typical beat, the sample-wise median of
             this many earlier beats whatever their class (``beat_templates``), cropped like the
             target beat: opens the prompt and/or serves ``template_delta``.
@@ -152,6 +159,9 @@ class BeatPromptOptions:
     normalize_amplitude: bool = False
     beat_samples: Optional[int] = None
     next_rr: bool = True
+    rr_reference: str = "median"
+    local_rr: int = 0
+    average_rr_s: float = 0.0
     template_beats: int = 0
     template_delta: bool = False
     show_template: bool = True
@@ -172,6 +182,12 @@ class BeatPromptOptions:
             raise ValueError(f"context_beats must be 0..1000, got {self.context_beats}")
         if not 0 <= int(self.normalized_rr) <= 100_000:
             raise ValueError(f"normalized_rr must be 0 (off) or the beats of its running median, got {self.normalized_rr}")
+        if self.rr_reference not in ("median", "mean"):
+            raise ValueError(f"rr_reference must be 'median' or 'mean', got {self.rr_reference!r}")
+        if not 0 <= int(self.local_rr) <= 1000:
+            raise ValueError(f"local_rr must be 0 (off) or the beats of the local average (<= 1000), got {self.local_rr}")
+        if not 0.0 <= float(self.average_rr_s) <= 3600.0:
+            raise ValueError(f"average_rr_s must be 0 (off) or a window of up to 3600 s, got {self.average_rr_s}")
         if not 0 <= int(self.template_beats) <= 100_000:
             raise ValueError(f"template_beats must be 0 (off) or the beats of the median template, got {self.template_beats}")
         if not 0.0 <= float(self.template_swap) <= 1.0 or (self.template_swap and not self.template_beats):
@@ -199,20 +215,22 @@ class BeatPromptOptions:
 
 @dataclass(frozen=True)
 class BeatBlock:
-    """Token layout of one beat: ``<sep> rr(i) q...q [rr(i+1)] [<beat?>]``.
+    """Token layout of one beat: ``<sep> rr(i) q...q [rr(i+1)] [f...f] [<beat?>]``.
 
     The per-beat prompt ends with one such block (the target beat); the stream dataset's windows
-    are ``K`` of them with both optional parts, one ``<beat?>`` per classified beat.
+    are ``K`` of them with the following RR and the query, one ``<beat?>`` per classified beat.
 
     Attributes:
         samples (int): waveform tokens of the beat.
         next_rr (bool): whether the following RR interval comes after the waveform.
         query (bool): whether the block ends with ``<beat?>``.
+        features (int): rhythm feature tokens after the following RR (local, window average).
     """
 
     samples: int
     next_rr: bool = True
     query: bool = True
+    features: int = 0
 
     SEP = 0  # offset of <sep>
     RR = 1  # offset of the beat's own RR token
@@ -224,12 +242,17 @@ class BeatBlock:
         return self.WAVE + self.samples if self.next_rr else None
 
     @property
+    def features_at(self) -> int:
+        """Offset of the first rhythm feature token (where ``<beat?>`` comes without any)."""
+        return self.WAVE + self.samples + int(self.next_rr)
+
+    @property
     def query_at(self) -> Optional[int]:
         """Offset of ``<beat?>``, or None."""
-        return self.WAVE + self.samples + int(self.next_rr) if self.query else None
+        return self.features_at + self.features if self.query else None
 
     def __len__(self) -> int:
-        return self.WAVE + self.samples + int(self.next_rr) + int(self.query)
+        return self.features_at + self.features + int(self.query)
 
 
 @dataclass(frozen=True)
@@ -241,8 +264,9 @@ class BeatPrompt:
         target_at (int): index in ``tokens`` of the target beat's ``<sep>``.
         rr_token (int): the target beat's RR token as shown (relative with ``normalized_rr``).
         next_rr_token (Optional[int]): the following RR token as shown, None when not shown.
-        rr_ratio (Optional[float]): the target beat's interval over the patient's running median
-            RR as the model read it (NaN: unknown); None for absolute RR tokens.
+        rr_ratio (Optional[float]): the target beat's interval over the patient's running
+            reference RR as the model read it (NaN: unknown); None for absolute RR tokens.
+        feature_tokens (List[int]): the rhythm feature tokens as shown (local, window average).
     """
 
     tokens: List[int]
@@ -250,11 +274,12 @@ class BeatPrompt:
     rr_token: int
     next_rr_token: Optional[int]
     rr_ratio: Optional[float] = None
+    feature_tokens: List[int] = dataclasses.field(default_factory=list)
 
 
 def assemble_prompt(
     *, template: Sequence[int], context_rr: Sequence[int], beat: Sequence[int], next_rr: Optional[int],
-    query_id: int, rr_ratio: Optional[float] = None,
+    query_id: int, rr_ratio: Optional[float] = None, features: Sequence[int] = (),
 ) -> BeatPrompt:
     """The one place a beat prompt is put together.
 
@@ -265,16 +290,18 @@ def assemble_prompt(
         next_rr (Optional[int]): the following RR token, None to leave it out.
         query_id (int): the ``<beat?>`` token.
         rr_ratio (Optional[float]): the target's RR ratio to record (see :class:`BeatPrompt`).
+        features (Sequence[int]): rhythm feature tokens, after the following RR.
 
     Returns:
         BeatPrompt: tokens and the target's position and RR tokens.
     """
     head = [BOS_ID, *template, *context_rr]
-    tail = [] if next_rr is None else [int(next_rr)]
+    tail = ([] if next_rr is None else [int(next_rr)]) + [int(f) for f in features]
     tokens = head + [int(t) for t in beat] + tail + [int(query_id)]
     at = len(head)
     return BeatPrompt(tokens=tokens, target_at=at, rr_token=tokens[at + BeatBlock.RR],
-                      next_rr_token=None if next_rr is None else int(next_rr), rr_ratio=rr_ratio)
+                      next_rr_token=None if next_rr is None else int(next_rr), rr_ratio=rr_ratio,
+                      feature_tokens=[int(f) for f in features])
 
 
 # ----------------------------------------------------------------------------- builder keys

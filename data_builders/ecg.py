@@ -59,12 +59,14 @@ from hlmtune.ecg_tokenizer.vocab import (
 from hlmtune.data_builders.beat_prompt import (
     BeatBlock, BeatDraw, BeatPrompt, BeatPromptOptions, BeatSource, assemble_prompt, builder_signature, parse_options,
 )
+from hlmtune.data_builders.rr_features import (  # noqa: F401  (normalized_rr_tokens: public here too)
+    NORMAL_RR_S, interval_tokens, local_average_rr, normalized_rr_tokens, running_reference, window_average_rr,
+)
 from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
 
 IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
 AF_RHYTHM = "(AFIB"
 AF_SEGMENTS = (41, 128, 256, 512)  # the papers' AF segment lengths in beats
-NORMAL_RR_S = 0.8  # 75 bpm: the interval a normalized RR token is written at
 # The confusion that matters most for each true class in inter-patient work: the rejected
 # answer of a DPO pair (N beats alternate between S and V, the classes the task is about).
 _REJECT = {"N": ("S", "V"), "S": ("N",), "V": ("N",), "F": ("V",), "Q": ("N",)}
@@ -170,37 +172,6 @@ def _target_classes(vocab: Vocabulary, classes: Optional[Sequence[str]]) -> Tupl
     if unknown:
         raise ValueError(f"classes {unknown} are not label classes of these shards ({all_classes})")
     return chosen, np.array([vocab.classes.index(c) for c in chosen])
-
-
-def normalized_rr_tokens(table: np.ndarray, vocab: Vocabulary, beats: int) -> np.ndarray:
-    """Each beat's RR relative to the patient's recent rhythm, as an RR token.
-
-    ``ratio(i) = rr(i) / median(rr(i - beats + 1 .. i))`` (causal: earlier beats only, so a
-    wearable could compute it), written as the RR token of ``ratio * NORMAL_RR_S``: the beat's
-    interval at a standard heart rate of 75 bpm. Prematurity relative to the patient's own
-    rhythm is what separates supraventricular beats across patients (de Chazal 2004 normalizes
-    by the average RR); an absolute RR does not, since heart rates differ by patient. Checked
-    on MIT-BIH DS1 only: with 256 beats the S beats' median ratio is 0.54-0.88 per record,
-    while the N beats' 10th percentile is 0.87-0.97 (AF records aside).
-
-    Args:
-        table (np.ndarray): a record's beat table (``rr`` in input samples, -1 unknown).
-        vocab (Vocabulary): the shards' vocabulary (RR bins > 0).
-        beats (int): beats in the running median (>= 1).
-
-    Returns:
-        np.ndarray: (n_beats,) int64 token ids (the unknown-RR token where rr is unknown).
-    """
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    rr = table["rr"].astype(np.float64)
-    rr[rr <= 0] = np.nan
-    padded = np.concatenate([np.full(beats - 1, np.nan), rr])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (record start): unknown
-        med = np.nanmedian(sliding_window_view(padded, beats), axis=1)  # (n_beats,)
-        ratio = rr / med
-    return vocab.rr_base + rr_bin(ratio * NORMAL_RR_S, rr_edges(vocab.params))
 
 
 def amplitude_lut(table: np.ndarray, tokens: np.ndarray, vocab: Vocabulary, target_mv: float = 1.0) -> np.ndarray:
@@ -375,13 +346,16 @@ class ECGBeatClassificationDataset(Dataset):
         self.classes, class_ids = _target_classes(self.vocab, draw.classes)
         self.normalized_rr = bool(o.normalized_rr)
         # per record: (n_beats,) RR token of every beat, absolute or relative to the patient's rhythm
-        self.rr_tokens = [normalized_rr_tokens(t, self.vocab, int(o.normalized_rr)) if o.normalized_rr
+        self.rr_tokens = [normalized_rr_tokens(t, self.vocab, int(o.normalized_rr), o.rr_reference) if o.normalized_rr
                           else self.vocab.rr_base + t["rr_bin"].astype(np.int64) for t in self.beats.tables]
+        # per record: (n_beats, F) the rhythm feature tokens after the beat (local, window average)
+        self.features = [self._feature_tokens(i, o) for i in range(len(self.beats.tables))]
         self.amp = ([amplitude_lut(t, self.beats.tokens(i), self.vocab) for i, t in enumerate(self.beats.tables)]
                     if o.normalize_amplitude else None)
         self.beat_samples, self.offset = _crop(params, o.beat_samples)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
-        self.block = BeatBlock(self.beat_samples, next_rr=bool(o.next_rr))  # the target beat's layout
+        self.block = BeatBlock(self.beat_samples, next_rr=bool(o.next_rr),  # the target beat's layout
+                               features=int(bool(o.local_rr)) + int(bool(o.average_rr_s)))
         self.augment, self.seed, self._edges = bool(o.augment), int(draw.seed), quantizer_edges(params)
         self._rr_edges = rr_edges(params)  # (rr_bins + 1,) s: the RR grid of every RR token
         # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
@@ -407,6 +381,19 @@ class ECGBeatClassificationDataset(Dataset):
         self.irregular_no_p_wave = bool(o.irregular_no_p_wave)
         self.rr_target = bool(o.rr_target)
         self.augment_stretch = float(o.augment_stretch)
+
+    def _feature_tokens(self, i: int, o: BeatPromptOptions) -> np.ndarray:
+        """(n_beats, F) record ``i``'s rhythm feature tokens (``local_rr``, ``average_rr_s``), each
+        written as the prompt's other RR tokens are (absolute, or relative to the running reference)."""
+        t, fs = self.beats.tables[i], float(self.beats.meta[i]["fs"])
+        ref = running_reference(t, int(o.normalized_rr), o.rr_reference) if o.normalized_rr else None
+        cols = []
+        for on, values in ((o.local_rr, lambda: local_average_rr(t, int(o.local_rr))),
+                           (o.average_rr_s, lambda: window_average_rr(t, float(o.average_rr_s), fs))):
+            if on:
+                v = values()  # input samples
+                cols.append(interval_tokens(v if ref is not None else v / fs, self.vocab, ref))
+        return np.stack(cols, axis=1) if cols else np.zeros((t.size, 0), np.int64)
 
     def _targets(self, class_ids: np.ndarray, beat_mask: Optional[Dict[str, np.ndarray]]
                  ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -707,10 +694,12 @@ class ECGBeatClassificationDataset(Dataset):
         beat, tmpl = self._waveform(k)
         ctx, own, after = self._timing(k, int(beat[1]))
         beat[1] = own
+        e = int(self.index[k])
         return assemble_prompt(
             template=tmpl.tolist() if self.show_template else [], context_rr=ctx, beat=beat.tolist(),
             next_rr=after if self.next_rr else None, query_id=self.query_id,
             rr_ratio=self.rr_ratio(own) if self.normalized_rr else None,
+            features=self.features[int(self.rec[e])][int(self.beat[e])].tolist(),
         )
 
     def prompt(self, k: int) -> List[int]:

@@ -21,6 +21,9 @@ ON = {
     "normalize_amplitude": dict(normalize_amplitude=True),
     "beat_samples": dict(beat_samples=64),
     "next_rr": dict(next_rr=False),
+    "rr_reference": dict(normalized_rr=32, rr_reference="mean"),
+    "local_rr": dict(local_rr=10),
+    "average_rr_s": dict(average_rr_s=300.0, normalized_rr=64),
     "template_beats": dict(template_beats=32),
     "template_delta": dict(template_beats=32, template_delta=True),
     "show_template": dict(template_beats=32, show_template=False, template_delta=True),
@@ -84,6 +87,9 @@ def test_parse_options_names_the_closest_key_and_honours_builder_defaults():
     (dict(premature_synth=0.1, premature_max_irregularity=11), r"must be in \(0, 10\]"),
     (dict(irregular_no_p_wave=True), "it needs irregular_synth > 0"),
     (dict(augment_stretch=0.6), "augment_stretch must be 0"),
+    (dict(rr_reference="mode"), "rr_reference must be 'median' or 'mean'"),
+    (dict(local_rr=-1), "local_rr must be 0"),
+    (dict(average_rr_s=4000), "average_rr_s must be 0"),
 ])
 def test_option_checks_name_the_key(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -114,6 +120,9 @@ def test_assemble_prompt_layout():
     assert q.tokens == [BOS_ID, SEP_ID, 43, 80, 9] and q.target_at == 1 and q.next_rr_token is None
     block = BeatBlock(3)
     assert (block.SEP, block.RR, block.WAVE, block.next_rr_at, block.query_at, len(block)) == (0, 1, 2, 5, 6, 7)
+    assert (BeatBlock(3, features=2).features_at, BeatBlock(3, features=2).query_at, len(BeatBlock(3, features=2))) == (6, 8, 9)
+    f = assemble_prompt(template=[], context_rr=[40], beat=[SEP_ID, 43, 80], next_rr=44, query_id=9, features=[45, 46])
+    assert f.tokens == [BOS_ID, 40, SEP_ID, 43, 80, 44, 45, 46, 9] and f.feature_tokens == [45, 46]
     assert BeatBlock(3, next_rr=False).query_at == 5 and BeatBlock(3, query=False).query_at is None
 
 
@@ -143,10 +152,13 @@ def test_every_option_goes_through_the_one_owner(shards, option):
         t = ex.tokens
         assert t[0] == BOS_ID and t[-1] == v.ids["<beat?>"] and t.count(SEP_ID) == 1
         assert t[ex.target_at] == SEP_ID and t[ex.target_at + BeatBlock.RR] == ex.rr_token
-        tail = len(t) - (ex.target_at + BeatBlock.WAVE + n_samples)  # [rr(i+1)] <beat?>
-        assert tail == (2 if ds.next_rr else 1)
+        tail = len(t) - (ex.target_at + BeatBlock.WAVE + n_samples)  # [rr(i+1)] [features] <beat?>
+        n_feat = int(bool(ds.options.local_rr)) + int(bool(ds.options.average_rr_s))
+        assert len(ex.feature_tokens) == n_feat and tail == (2 if ds.next_rr else 1) + n_feat
+        assert t[len(t) - 1 - n_feat : -1] == ex.feature_tokens
+        assert all(v.rr_base <= f <= v.rr_base + tk.params.rr_bins for f in ex.feature_tokens)
         if ds.next_rr:
-            assert t[-2] == ex.next_rr_token
+            assert t[-2 - n_feat] == ex.next_rr_token
         else:
             assert ex.next_rr_token is None
         head = ex.target_at - 1  # template and context before <sep>

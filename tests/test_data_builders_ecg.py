@@ -732,6 +732,7 @@ def test_templates_are_causal_after_the_warm_up():
 # Every input option of the beat prompt switched on (training-time variations included): what
 # the label-leak check runs the real builder with.
 EVERY_INPUT = dict(context_beats=8, normalized_rr=64, normalize_amplitude=True, beat_samples=80, next_rr=True,
+                   rr_reference="mean", local_rr=10, average_rr_s=300.0,
                    template_beats=32, template_delta=True, show_template=True, augment=True, template_swap=0.2,
                    previous_swap=0.2, premature_synth=0.2, premature_max_irregularity=0.5, irregular_synth=0.2,
                    irregular_no_p_wave=True, rr_target=True, augment_stretch=0.15, record_balance=0.5,

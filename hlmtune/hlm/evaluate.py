@@ -123,6 +123,26 @@ PREMATURE_RATIO = 0.8
 TIMING_BUCKETS = ("premature", "on_time", "unknown")
 
 
+def trained_on(train: Sequence[str], test: Sequence[str], *, split_file: Optional[str]) -> str:
+    """Where a run's training records come from, for the report header (``DS1 22 + svdb 39``).
+
+    Records of the test records' database (or bare ids) count as the split's DS1; the others by
+    their database.
+    """
+    from hlmtune.ecg_tokenizer.splits import database_of
+
+    home = {database_of(t) for t in test} or {""}
+    own = "DS1" if split_file is None else "split file DS1"
+    counts: Dict[str, int] = {}
+    for r in train:
+        db = database_of(r)
+        key = own if db in home or not db else db
+        counts[key] = counts.get(key, 0) + 1
+    if list(counts) == [own]:
+        return own
+    return " + ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: kv[0] != own))
+
+
 def _timing(ratio: float, threshold: float) -> str:
     if math.isnan(ratio):
         return "unknown"
@@ -790,7 +810,8 @@ def evaluate(
     first = results[models[1][0]] if quantized else next(iter(results.values()))
     notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
         f"Inter-patient evaluation: trained on {len(train_records)} records "
-        f"({'DS1' if cfg.dataset.get('split_file') is None else 'split file DS1'}), tested on {split} (unseen patients)"
+        f"({trained_on(train_records, test_records, split_file=cfg.dataset.get('split_file'))}), "
+        f"tested on {split} (unseen patients)"
     )
     subset = f"; first {n} of {n_total} test examples only (smoke run)" if n < n_total else ""
     metrics = {

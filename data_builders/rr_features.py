@@ -1,0 +1,150 @@
+"""RR-interval features of the beat prompt: the published inter-patient rhythm features as tokens.
+
+The classic inter-patient feature sets describe a beat's timing by four intervals (de Chazal
+et al. 2004, "Automatic classification of heartbeats using ECG morphology and heartbeat
+interval features", IEEE TBME 51(7)): the **pre-RR** interval (this beat's), the **post-RR**
+interval (the next beat's), a **local average** RR of the surrounding ten beats and an
+**average RR** over the surrounding five minutes; Mondejar-Guerra et al. (2019) use the same,
+also divided by the record's mean. The prompt's RR tokens carry the first two (the target's
+own and ``next_rr``); this module computes every RR token a prompt shows, from the beat table
+alone (beat positions and intervals, never a label):
+
+* the running reference of ``normalized_rr``: the **median** (default) or the **mean** of the
+  last N intervals, this beat's included (causal);
+* ``local_rr``: the mean of the known intervals of the N beats around the target (N // 2
+  before it, the target, and (N - 1) // 2 after it: surrounding beats, as de Chazal's);
+* ``average_rr_s``: the mean of the known intervals of the beats within W / 2 seconds before
+  or after the target beat (surrounding minutes, as de Chazal's five).
+
+Each interval is written as an RR token: absolute (seconds) without ``normalized_rr``, else as
+its ratio to the running reference, at a standard cycle of :data:`NORMAL_RR_S` (as the beat's
+own interval is).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import numpy as np
+
+from hlmtune.ecg_tokenizer.vocab import Vocabulary, rr_bin, rr_edges
+
+NORMAL_RR_S = 0.8  # 75 bpm: the interval a normalized RR token is written at
+RR_REFERENCES = ("median", "mean")
+
+
+def _known(table: np.ndarray) -> np.ndarray:
+    """(n,) float RR of each beat in input samples, NaN where unknown (a record's first beat)."""
+    rr = table["rr"].astype(np.float64)
+    rr[rr <= 0] = np.nan
+    return rr
+
+
+def running_reference(table: np.ndarray, beats: int, stat: str = "median") -> np.ndarray:
+    """(n,) the running median or mean of the last ``beats`` known intervals (input samples), NaN before any.
+
+    Args:
+        table (np.ndarray): a record's beat table (``rr`` in input samples, -1 unknown).
+        beats (int): intervals in the window, this beat's included (>= 1).
+        stat (str): ``median`` or ``mean``.
+
+    Returns:
+        np.ndarray: (n_beats,) float64.
+    """
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    if stat not in RR_REFERENCES:
+        raise ValueError(f"rr_reference must be one of {RR_REFERENCES}, got {stat!r}")
+    rr = _known(table)
+    padded = np.concatenate([np.full(beats - 1, np.nan), rr])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (record start): unknown
+        win = sliding_window_view(padded, beats)  # (n_beats, beats)
+        return np.nanmedian(win, axis=1) if stat == "median" else np.nanmean(win, axis=1)
+
+
+def interval_tokens(values: np.ndarray, vocab: Vocabulary, reference: Optional[np.ndarray]) -> np.ndarray:
+    """RR tokens of intervals: absolute (seconds) or relative to a running reference.
+
+    Args:
+        values (np.ndarray): (n,) intervals in **seconds** when ``reference`` is None, else in the
+            reference's unit (input samples); NaN = unknown.
+        vocab (Vocabulary): the shards' vocabulary (RR bins > 0).
+        reference (Optional[np.ndarray]): (n,) running reference, or None for absolute tokens.
+
+    Returns:
+        np.ndarray: (n,) int64 token ids (the unknown-RR token for NaN).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        secs = values if reference is None else values / reference * NORMAL_RR_S
+    return vocab.rr_base + rr_bin(secs, rr_edges(vocab.params))
+
+
+def normalized_rr_tokens(table: np.ndarray, vocab: Vocabulary, beats: int, stat: str = "median") -> np.ndarray:
+    """Each beat's RR relative to the patient's recent rhythm, as an RR token.
+
+    ``ratio(i) = rr(i) / ref(i)``, ``ref`` the running median (or mean) of the last ``beats``
+    intervals (:func:`running_reference`; causal, so a wearable could compute it), written as the
+    RR token of ``ratio * NORMAL_RR_S``: the interval at a standard heart rate of 75 bpm. de
+    Chazal 2004 normalizes by average RR intervals; an absolute RR identifies patients instead,
+    since heart rates differ by patient.
+
+    Args:
+        table (np.ndarray): a record's beat table (``rr`` in input samples, -1 unknown).
+        vocab (Vocabulary): the shards' vocabulary (RR bins > 0).
+        beats (int): intervals in the running reference (>= 1).
+        stat (str): ``median`` or ``mean``.
+
+    Returns:
+        np.ndarray: (n_beats,) int64 token ids (the unknown-RR token where rr is unknown).
+    """
+    return interval_tokens(_known(table), vocab, running_reference(table, beats, stat))
+
+
+def local_average_rr(table: np.ndarray, beats: int) -> np.ndarray:
+    """(n,) mean known interval (input samples) of beats ``i - beats // 2 .. i + (beats - 1) // 2``.
+
+    Args:
+        table (np.ndarray): a record's beat table.
+        beats (int): beats in the window, the target's included (>= 1).
+
+    Returns:
+        np.ndarray: (n_beats,) float64, NaN where the window holds no known interval.
+    """
+    rr = _known(table)
+    n = rr.size
+    ok = ~np.isnan(rr)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(ok, rr, 0.0))])
+    ccnt = np.concatenate([[0], np.cumsum(ok)])
+    i = np.arange(n)
+    lo = np.clip(i - beats // 2, 0, n)
+    hi = np.clip(i + (beats - 1) // 2 + 1, 0, n)
+    cnt = ccnt[hi] - ccnt[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, (csum[hi] - csum[lo]) / np.maximum(cnt, 1), np.nan)
+
+
+def window_average_rr(table: np.ndarray, seconds: float, fs: float) -> np.ndarray:
+    """(n,) mean known interval (input samples) of the beats within ``seconds / 2`` of each beat.
+
+    Args:
+        table (np.ndarray): a record's beat table (``sample``, ``rr`` in input samples).
+        seconds (float): window length (s), centred on the beat.
+        fs (float): the record's sampling rate (Hz).
+
+    Returns:
+        np.ndarray: (n_beats,) float64, NaN where the window holds no known interval.
+    """
+    rr = _known(table)
+    t = table["sample"].astype(np.float64)
+    half = float(seconds) / 2.0 * float(fs)
+    ok = ~np.isnan(rr)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(ok, rr, 0.0))])
+    ccnt = np.concatenate([[0], np.cumsum(ok)])
+    lo = np.searchsorted(t, t - half, side="left")
+    hi = np.searchsorted(t, t + half, side="right")
+    cnt = ccnt[hi] - ccnt[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, (csum[hi] - csum[lo]) / np.maximum(cnt, 1), np.nan)

@@ -1,0 +1,79 @@
+"""The rhythm feature tokens against slow, loop-by-loop references on real (or stand-in) beat tables."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from hlmtune.data_builders.rr_features import (
+    NORMAL_RR_S, interval_tokens, local_average_rr, normalized_rr_tokens, running_reference, window_average_rr,
+)
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    from hlm_fixtures import make_shards
+    from hlmtune.ecg_tokenizer.shards import read_manifest, stem
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+
+    info = make_shards(tmp_path_factory.mktemp("rr"))
+    m = read_manifest(info["shards"])
+    out = []
+    for r in m["records"][:3]:
+        out.append((np.load(info["shards"] / "records" / f"{stem(r['record'])}.beats.npy"), float(r["fs"])))
+    return out, ECGTokenizer(manifest_path=str(info["shards"])).vocab
+
+
+def _known(rr):
+    return [float(x) if x > 0 else None for x in rr]
+
+
+def test_running_reference_mean_and_median_use_only_earlier_beats(tables):
+    tabs, _ = tables
+    for t, _ in tabs:
+        rr = _known(t["rr"])
+        for stat, fn in (("median", statistics.median), ("mean", statistics.fmean)):
+            got = running_reference(t, 16, stat)
+            for i in range(0, len(rr), 7):
+                window = [x for x in rr[max(0, i - 15): i + 1] if x is not None]
+                assert (math.isnan(got[i]) if not window else math.isclose(got[i], fn(window), rel_tol=1e-12)), (stat, i)
+    t2 = tabs[0][0].copy()
+    t2["rr"][50:] = 999  # later beats do not move the reference of earlier ones
+    assert np.array_equal(running_reference(t2, 16, "mean")[:50], running_reference(tabs[0][0], 16, "mean")[:50])
+
+
+def test_local_and_window_averages_span_earlier_and_following_beats(tables):
+    tabs, _ = tables
+    for t, fs in tabs:
+        rr, s = _known(t["rr"]), [int(x) for x in t["sample"]]
+        loc, win = local_average_rr(t, 10), window_average_rr(t, 60.0, fs)
+        for i in range(0, len(rr), 5):
+            near = [x for x in rr[max(0, i - 5): i + 5] if x is not None]  # 5 before, the beat, 4 after
+            assert math.isclose(loc[i], statistics.fmean(near), rel_tol=1e-12) if near else math.isnan(loc[i])
+            within = [x for x, at in zip(rr, s) if x is not None and abs(at - s[i]) <= 30.0 * fs]
+            assert math.isclose(win[i], statistics.fmean(within), rel_tol=1e-12) if within else math.isnan(win[i])
+        t2 = t.copy()
+        t2["rr"][len(t) // 2 + 10:] = 999  # a following beat moves the surrounding averages, on purpose
+        assert local_average_rr(t2, 10)[len(t) // 2 + 6] != loc[len(t) // 2 + 6]
+
+
+def test_tokens_are_the_bins_of_seconds_or_of_ratios(tables):
+    tabs, vocab = tables
+    p = vocab.params
+    width = (p.rr_max_s - p.rr_min_s) / p.rr_bins
+    secs = np.array([0.1, 0.5, 1.0, 5.0, np.nan])
+    want = [0, int((0.5 - p.rr_min_s) // width), int((1.0 - p.rr_min_s) // width), p.rr_bins - 1, p.rr_bins]
+    assert (interval_tokens(secs, vocab, None) - vocab.rr_base).tolist() == want
+    t, _ = tabs[0]
+    ref = running_reference(t, 32, "mean")
+    got = normalized_rr_tokens(t, vocab, 32, "mean")
+    for i in range(0, len(t), 9):
+        if t["rr"][i] <= 0:
+            assert got[i] == vocab.rr_base + p.rr_bins
+            continue
+        ratio_s = NORMAL_RR_S * float(t["rr"][i]) / ref[i]
+        b = min(p.rr_bins - 1, max(0, int((ratio_s - p.rr_min_s) // width)))
+        assert got[i] - vocab.rr_base == b, i
