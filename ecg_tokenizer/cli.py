@@ -70,10 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=_Combined,
     )
     g = p.add_argument_group("input / output")
-    g.add_argument("--records", required=True, nargs="+", metavar="[NAME=]DIR",
+    g.add_argument("--verify", metavar="DIR", default=None,
+                   help="check the shards in DIR against their manifest (sizes and every SHA-256) and exit: 0 all match, "
+                        "1 some differ (named); no tokenizing")
+    g.add_argument("--records", nargs="+", metavar="[NAME=]DIR",
                    help="WFDB database folder(s) (records from each RECORDS file, else every *.hea), tokenized into one "
                         "shard set; record ids carry the database, NAME or the folder's name (mitdb/100, svdb/800)")
-    g.add_argument("--out", required=True, metavar="DIR", help="output directory for shards and manifest.json")
+    g.add_argument("--out", metavar="DIR", help="output directory for shards and manifest.json")
     g.add_argument("--records-list", metavar="FILE", default=None, help="file with one record name per line to tokenize instead of all records (one --records folder only)")
     g.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes (default: the CPUs available; 1 = no pool)")
     g.add_argument("--sampto", type=int, default=None, metavar="N", help="read only the first N samples of each record (quick runs)")
@@ -180,6 +183,13 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, default_workers, tokenize_sources
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
+    if args.verify is not None:
+        return _verify(args.verify)
+    missing = [f for f, v in (("--records", args.records), ("--out", args.out)) if not v]
+    if missing:
+        print(f"hlmtune tokenize: error: the following arguments are required: {', '.join(missing)} "
+              "(or --verify DIR)", file=sys.stderr)
+        return 2
     try:
         try:
             params = TokenizerParams(
@@ -214,6 +224,24 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         return 2
     print(summary.format())
     return 0 if summary.ok else 1
+
+
+def _verify(folder: str) -> int:
+    """``hlmtune tokenize --verify DIR``: 0 every shard matches its manifest, 1 some differ, 2 unreadable."""
+    from hlmtune.ecg_tokenizer.shards import ShardError, verify_shards
+
+    try:
+        bad = verify_shards(Path(folder))
+    except ShardError as e:
+        print(f"hlmtune tokenize --verify: {e}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ValueError) as e:
+        print(f"hlmtune tokenize --verify: error: {e}", file=sys.stderr)
+        return 2
+    for line in bad:
+        print(line, file=sys.stderr)
+    print(f"{folder}: {'every shard matches its manifest' if not bad else f'{len(bad)} file(s) differ'}")
+    return 1 if bad else 0
 
 
 def cmd_download(args: argparse.Namespace) -> int:

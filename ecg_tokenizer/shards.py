@@ -281,4 +281,56 @@ def read_manifest(path: Path) -> Dict[str, Any]:
             "with the same options"
         )
     m["_dir"] = str(path.parent)
+    check_sizes(m)
     return m
+
+
+class ShardError(ValueError):
+    """A shard file that is not the one its manifest describes (truncated, replaced, missing)."""
+
+
+def _rebuild_hint(manifest: Dict[str, Any]) -> str:
+    return (f"rebuild it: `hlmtune tokenize --records <WFDB folder(s)> --out {manifest['_dir']}` with the same "
+            "options (finished records are kept)")
+
+
+def check_sizes(manifest: Dict[str, Any]) -> None:
+    """Every output file of the manifest exists with the size it records (one ``stat`` each).
+
+    Raises:
+        ShardError: naming the file, its size, the size the manifest expects, and the rebuild command.
+    """
+    d = Path(manifest["_dir"])
+    for r in manifest.get("records", []):
+        for o in (r.get("outputs") or {}).values():
+            f = d / o["file"]
+            try:
+                size = f.stat().st_size
+            except OSError:
+                raise ShardError(f"{f}: missing (record {r['record']}; the manifest expects {o['bytes']} bytes); "
+                                 + _rebuild_hint(manifest)) from None
+            if size != int(o["bytes"]):
+                raise ShardError(f"{f}: {size} bytes, the manifest expects {o['bytes']} (record {r['record']}: "
+                                 "truncated or replaced); " + _rebuild_hint(manifest))
+
+
+def verify_shards(path: Path) -> List[str]:
+    """Check every output file's SHA-256 against the manifest (``hlmtune tokenize --verify``).
+
+    Args:
+        path (Path): the shards' folder (or its manifest).
+
+    Returns:
+        List[str]: one line per file that differs (empty: all match).
+
+    Raises:
+        ShardError: a file missing or of the wrong size (:func:`check_sizes`).
+    """
+    m = read_manifest(path)
+    d = Path(m["_dir"])
+    bad = []
+    for r in m["records"]:
+        for o in r["outputs"].values():
+            if sha256_file(d / o["file"]) != o["sha256"]:
+                bad.append(f"{d / o['file']}: SHA-256 differs from the manifest's (record {r['record']})")
+    return bad

@@ -68,3 +68,33 @@ def test_version_1_shards_name_the_rebuild_command(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "hlmtune.ecg_tokens", "format_version": 1}))
     with pytest.raises(ValueError, match=r"label.*Rebuild them: `hlmtune tokenize --records <WFDB dir> --out "):
         read_manifest(tmp_path)
+
+
+def test_a_truncated_shard_is_named_with_its_sizes_and_the_fix(mitdb_dir, tmp_path, hlmtune_cli):
+    """Damaged input names the file, its size, the expected size and the rebuild command; --verify
+    checks every hash."""
+    import subprocess
+
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
+    from hlmtune.ecg_tokenizer.shards import ShardError, read_manifest
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+
+    out = tmp_path / "tok"
+    tokenize_directory(mitdb_dir, out, params=TokenizerParams(), options=RecordOptions(sampto=36000),
+                       records=["100", "101"], progress=False)
+    ok = subprocess.run([hlmtune_cli, "tokenize", "--verify", str(out)], capture_output=True, text=True)
+    assert ok.returncode == 0 and "every shard matches" in ok.stdout
+    shard = out / "records" / "100.tokens.npy"
+    want = shard.stat().st_size
+    data = shard.read_bytes()
+    shard.write_bytes(data[:1000])
+    with pytest.raises(ShardError, match=rf"100.tokens.npy: 1000 bytes, the manifest expects {want} .*record 100.*"
+                                         rf"hlmtune tokenize --records .* --out {out}"):
+        read_manifest(out)
+    bad = subprocess.run([hlmtune_cli, "tokenize", "--verify", str(out)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "1000 bytes" in bad.stderr
+    # same size, other bytes: only the hash tells
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    flipped = subprocess.run([hlmtune_cli, "tokenize", "--verify", str(out)], capture_output=True, text=True)
+    assert flipped.returncode == 1 and "100.tokens.npy: SHA-256 differs" in flipped.stderr
+    assert "101" not in flipped.stderr  # the other record is fine
