@@ -44,7 +44,6 @@ is built: every epoch shows the same examples (in the sampler's order; the confi
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 

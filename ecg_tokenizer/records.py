@@ -467,6 +467,9 @@ def _read_annotations(
     # is left out and counted, as a beat at a record edge is; the record's other beats stay.
     inside = (beats >= 0) & (beats < n)
     outside = [{"sample": int(b), "reason": f"annotation outside the signal ({n} samples)"} for b in beats[~inside]]
+    # on_unknown_symbols="drop" (what `hlmtune eval --test-records` reads a test folder with):
+    # annotations whose code is not in the WFDB table are left out and counted, never guessed
+    outside += [{"sample": int(samples[i]), "reason": "annotation code outside the WFDB table"} for i in unknown.tolist()]
     beats, beat_codes, beat_rh = beats[inside], beat_codes[inside], beat_rh[inside]
     if beats.size and np.any(np.diff(beats) <= 0):
         order = np.argsort(beats, kind="stable")

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
 COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 # DS1 records with S, V and F beats in their first minutes; DS2 records for testing.
@@ -44,7 +46,7 @@ def make_shards(root: Path) -> Dict[str, object]:
     s = tokenize_directory(db, root / "tokens", params=TokenizerParams(), options=options, records=train + test,
                            workers=1, progress=False)
     assert s.ok, s.format()
-    return {"shards": root / "tokens", "split_file": split_file, "real": real, "train": train, "test": test}
+    return {"shards": root / "tokens", "split_file": split_file, "real": real, "train": train, "test": test, "db": db}
 
 
 def run_hlm(recipe: str, config: str, out: Path, *, shards: Dict[str, object], nproc: Optional[int] = None,
@@ -68,3 +70,26 @@ def losses(out: Path) -> List[float]:
     """Per-step losses the collector wrote (``out/metrics/steps.jsonl``), as data."""
     rows = [json.loads(line) for line in (out / "metrics" / "steps.jsonl").read_text().splitlines() if line.strip()]
     return [r["loss"] for r in rows]
+
+
+def svdb_style_folder(folder: Path, names=("800", "801"), seconds: float = 60.0) -> Path:
+    """Records as the MIT-BIH Supraventricular Arrhythmia Database ships them: 128 Hz, CRLF
+    headers, leads ECG1/ECG2 (no MLII), and a beat annotation one sample past the signal's end."""
+    import wfdb
+
+    from hlmtune.ecg_tokenizer.synth import write_synthetic_database
+
+    written = write_synthetic_database(folder, n_records=len(names), fs=128, duration_s=seconds, seed=7)
+    for old, new in zip(written, names):
+        rec = wfdb.rdrecord(str(folder / old))
+        ann = wfdb.rdann(str(folder / old), "atr")
+        for ext in ("hea", "dat", "atr"):
+            (folder / f"{old}.{ext}").unlink()
+        wfdb.wrsamp(new, fs=128, units=["mV", "mV"], sig_name=["ECG1", "ECG2"], p_signal=rec.p_signal,
+                    fmt=["212", "212"], write_dir=str(folder))
+        past = rec.p_signal.shape[0]  # one sample past the last one
+        wfdb.wrann(new, "atr", np.append(ann.sample, past), symbol=[*ann.symbol, "N"], write_dir=str(folder))
+        hea = folder / f"{new}.hea"
+        hea.write_bytes(hea.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+    (folder / "RECORDS").write_text("\n".join(names) + "\n")
+    return folder

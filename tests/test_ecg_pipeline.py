@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hlm_fixtures import svdb_style_folder
 from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
 from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
@@ -187,29 +188,6 @@ def test_workers_die_with_a_killed_parent(tmp_path):
             proc.kill()
 
 
-def _svdb_style(folder: Path, names=("800", "801"), seconds: float = 60.0) -> Path:
-    """Records as the MIT-BIH Supraventricular Arrhythmia Database ships them: 128 Hz, CRLF
-    headers, leads ECG1/ECG2 (no MLII), and a beat annotation one sample past the signal's end."""
-    import wfdb
-
-    from hlmtune.ecg_tokenizer.synth import write_synthetic_database
-
-    written = write_synthetic_database(folder, n_records=len(names), fs=128, duration_s=seconds, seed=7)
-    for old, new in zip(written, names):
-        rec = wfdb.rdrecord(str(folder / old))
-        ann = wfdb.rdann(str(folder / old), "atr")
-        for ext in ("hea", "dat", "atr"):
-            (folder / f"{old}.{ext}").unlink()
-        wfdb.wrsamp(new, fs=128, units=["mV", "mV"], sig_name=["ECG1", "ECG2"], p_signal=rec.p_signal,
-                    fmt=["212", "212"], write_dir=str(folder))
-        past = rec.p_signal.shape[0]  # one sample past the last one
-        wfdb.wrann(new, "atr", np.append(ann.sample, past), symbol=[*ann.symbol, "N"], write_dir=str(folder))
-        hea = folder / f"{new}.hea"
-        hea.write_bytes(hea.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
-    (folder / "RECORDS").write_text("\n".join(names) + "\n")
-    return folder
-
-
 def test_two_databases_one_shard_set_ids_never_collide(mitdb_dir, tmp_path):
     """A record name both databases hold stays two records; svdb-style input tokenizes at 128 Hz."""
     from hlmtune.ecg_tokenizer.pipeline import RecordSource, tokenize_sources
@@ -219,7 +197,7 @@ def test_two_databases_one_shard_set_ids_never_collide(mitdb_dir, tmp_path):
     a.mkdir()
     for n in ("100", "101"):
         _copy(mitdb_dir, n, a)
-    b = _svdb_style(tmp_path / "svdb", names=("100", "800"))  # "100" in both databases
+    b = svdb_style_folder(tmp_path / "svdb", names=("100", "800"))  # "100" in both databases
     params = TokenizerParams()
     s = tokenize_sources([RecordSource(a, "mitdb"), RecordSource(b, "svdb")], tmp_path / "out", params=params,
                          progress=False)
@@ -258,7 +236,7 @@ def test_cli_tokenizes_several_folders_into_one_set(mitdb_dir, tmp_path, hlmtune
     a = tmp_path / "mitdb"
     a.mkdir()
     _copy(mitdb_dir, "100", a)
-    b = _svdb_style(tmp_path / "supraventricular", names=("800",), seconds=30)
+    b = svdb_style_folder(tmp_path / "supraventricular", names=("800",), seconds=30)
     out = tmp_path / "tok"
     proc = subprocess.run([hlmtune_cli, "tokenize", "--records", str(a), f"svdb={b}", "--out", str(out),
                            "--no-progress", "--workers", "1"], capture_output=True, text=True)

@@ -101,6 +101,23 @@ def test_unknown_annotation_symbol(real_mitdb_dir, tmp_path):
         load_record(d, "100")
     rec = load_record(d, "100", on_unknown_symbols="drop")
     assert rec.annotated_beats == 2273 - 1
+    # dropped, and counted with its reason (the tokenizer's `dropped` of the record)
+    assert rec.dropped == [{"sample": 77, "reason": "annotation code outside the WFDB table"}]
+
+
+def test_an_annotation_past_the_end_is_dropped_and_counted(mitdb_dir, tmp_path):
+    """PhysioNet's own files have a beat annotation one sample past the signal: that beat goes, the rest stay."""
+    import wfdb
+
+    d = copy_record(mitdb_dir, "100", tmp_path)
+    ann = wfdb.rdann(str(d / "100"), "atr")
+    n = wfdb.rdheader(str(d / "100")).sig_len
+    wfdb.wrann("100", "atr", np.append(ann.sample, n), symbol=[*ann.symbol, "N"], write_dir=str(d))
+    rec = load_record(d, "100")
+    assert rec.dropped == [{"sample": n, "reason": f"annotation outside the signal ({n} samples)"}]
+    assert rec.beat_samples.size == load_record(mitdb_dir, "100").beat_samples.size
+    tok = tokenize_record(rec, TokenizerParams())
+    assert tok.dropped[0] == rec.dropped[0] and len(tok.dropped) >= 1
 
 
 def _rewrite(mitdb_dir: Path, d: Path, name: str, fn, seconds: int = 60) -> None:

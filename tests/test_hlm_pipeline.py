@@ -49,6 +49,15 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     # every stage stamps what it read (the shards and split lists), the same digest throughout
     digests = {json.loads((out / d / "stage.json").read_text())["data"] for d in ("runs/pretrain", "runs/lora", "report")}
     assert len(digests) == 1 and len(digests.pop()) == 64
+    # `hlmtune eval --config <job folder>` scores the job's final models as the job did: its ensemble
+    again = subprocess.run([HLMTUNE, "eval", "--config", str(out), "--out", str(tmp_path / "job_eval")],
+                           capture_output=True, text=True, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "job " + str(out) + ": lora + lora_seed1" in again.stderr
+    import numpy as np
+
+    mine, jobs = np.load(tmp_path / "job_eval" / "predictions.npz"), np.load(out / "report" / "predictions.npz")
+    assert list(mine["rows"]) == list(jobs["rows"]) and np.array_equal(mine["logprobs"], jobs["logprobs"])
     # a rerun keeps the trained stages and rebuilds the report; one seed is the first run alone
     proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -313,3 +313,42 @@ def test_ensemble_refuses_members_built_for_other_prompts_or_trained_on_test_rec
         proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--ensemble", str(bad)],
                               capture_output=True, text=True)
         assert proc.returncode == 2 and why in proc.stderr, proc.stderr[-2000:]
+
+
+def test_eval_on_a_folder_of_another_rate_and_database_and_its_refusals(shards, lora_run, tmp_path):
+    """--test-records: 128 Hz svdb-style records score with ids of their folder; a copy of a
+    training record under another name is refused by its signal."""
+    import shutil
+
+    from hlm_fixtures import svdb_style_folder
+
+    folder = svdb_style_folder(tmp_path / "otherdb", names=("900", "901"), seconds=90)
+    out = tmp_path / "eval"
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--test-records", str(folder),
+                           "--max-examples", "48", "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["test_split"] == f"records of {folder}" and m["test_databases"] == ["otherdb"]
+    assert "tested on 2 records of otherdb" in m["notice"] and "128 Hz" in m["notice"]
+    assert set(m["results"][m["result"]]["per_record"]) <= {"otherdb/900", "otherdb/901"}
+    assert m["test_records_dropped"] >= 2  # each record's annotation past the end
+    copy = tmp_path / "copydb"
+    copy.mkdir()
+    rec = shards["train"][0]
+    for ext in ("hea", "dat", "atr"):
+        shutil.copyfile(Path(shards["db"]) / f"{rec}.{ext}", copy / f"{rec}.{ext}")
+    bad = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--test-records", str(copy),
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True)
+    assert bad.returncode == 2 and f"same signal as test records ({rec} = copydb/{rec})" in bad.stderr, bad.stderr
+
+
+def test_the_header_describes_what_the_run_trained_on_not_the_override(shards, lora_run, tmp_path):
+    """An evaluation-time split override changes the test records, not what the run trained on."""
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"DS1": list(shards["train"][:1]), "DS2": list(shards["test"])}))
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), f"dataset.split_file={other}",
+                           "--max-examples", "16", "--out", str(tmp_path / "e")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert m["notice"].startswith(f"Inter-patient evaluation: trained on {len(shards['train'])} records")
+    assert len(m["train_records"]) == len(shards["train"])

@@ -31,152 +31,19 @@ import argparse
 import csv
 import io
 import json
-import math
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-# Published inter-patient results on MIT-BIH DS2 (train DS1), as the papers state them.
-# Se / +P in percent; F1 as a fraction. Only figures the papers give.
-BASELINES: List[Dict[str, Any]] = [
-    {"method": "de Chazal et al. 2004 (linear discriminants)", "S_se": 75.9, "S_ppv": 38.5, "V_se": 77.7, "V_ppv": 81.9},
-    {"method": "Zhang et al. 2014 (feature selection + SVM)", "S_se": 79.1, "S_ppv": 36.0, "V_se": 85.5, "V_ppv": 92.7},
-    {"method": "Niu et al. 2020 (symbolized beats + CNN)", "S_f1": 0.766, "V_f1": 0.897},
-]
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-def confusion_matrix(truth: Sequence[int], pred: Sequence[int], n: int) -> List[List[int]]:
-    """Counts ``m[t][p]`` of true class ``t`` predicted as ``p``."""
-    m = [[0] * n for _ in range(n)]
-    for t, p in zip(truth, pred):
-        m[int(t)][int(p)] += 1
-    return m
-
-
-def class_metrics(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Dict[str, Optional[float]]]:
-    """Se, +P, F1 and support per class from a confusion matrix (None where undefined).
-
-    Se = TP / (TP + FN), +P = TP / (TP + FP), F1 = 2 Se +P / (Se + +P).
-    """
-    out: Dict[str, Dict[str, Optional[float]]] = {}
-    n = len(classes)
-    for k, c in enumerate(classes):
-        tp = m[k][k]
-        fn = sum(m[k]) - tp
-        fp = sum(m[t][k] for t in range(n)) - tp
-        se = tp / (tp + fn) if tp + fn else None
-        ppv = tp / (tp + fp) if tp + fp else None
-        f1 = 2 * se * ppv / (se + ppv) if se is not None and ppv is not None and se + ppv > 0 else (0.0 if se is not None else None)
-        out[c] = {"se": se, "ppv": ppv, "f1": f1, "support": tp + fn, "tp": tp, "fn": fn, "fp": fp}
-    return out
-
-
-def summarize(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Any]:
-    """Per-class metrics, macro-F1 over classes with test beats, accuracy."""
-    per = class_metrics(m, classes)
-    f1s = [v["f1"] for v in per.values() if v["support"] and v["f1"] is not None]
-    total = sum(map(sum, m))
-    return {
-        "per_class": per,
-        "macro_f1": sum(f1s) / len(f1s) if f1s else None,
-        "accuracy": sum(m[k][k] for k in range(len(classes))) / total if total else None,
-        "n": total,
-    }
-
-
-def per_record(truth: Sequence[int], pred: Sequence[int], records: Sequence[str],
-               classes: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    """:func:`summarize` (and the confusion matrix) of each record's beats on its own.
-
-    Inter-patient results hinge on a few patients (one DS2 record can hold most of a class's
-    beats), so a pooled figure needs its per-patient view beside it.
-
-    Args:
-        truth (Sequence[int]): true class index per test example.
-        pred (Sequence[int]): predicted class index per test example.
-        records (Sequence[str]): the record (patient) of each test example.
-        classes (Sequence[str]): class names, in index order.
-
-    Returns:
-        Dict[str, Dict[str, Any]]: per record, in order of first appearance: ``per_class``,
-        ``macro_f1``, ``accuracy``, ``n`` and ``confusion``.
-    """
-    if not len(truth) == len(pred) == len(records):
-        raise ValueError(f"per_record: {len(truth)} truths, {len(pred)} predictions, {len(records)} records")
-    rows: Dict[str, List[int]] = {}
-    for k, r in enumerate(records):
-        rows.setdefault(str(r), []).append(k)
-    out: Dict[str, Dict[str, Any]] = {}
-    for r, ks in rows.items():
-        m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
-        out[r] = {**summarize(m, classes), "confusion": m}
-    return out
-
-
-# A beat whose interval is below this share of the patient's running median RR counts as
-# premature: the cut docs/hlm.md's rule on held-out DS1 records uses ("RR below 0.8 of the running
-# median"), where 84% of DS1's S beats and 2% of its N beats fall (annotations, 256-beat median).
-PREMATURE_RATIO = 0.8
-TIMING_BUCKETS = ("premature", "on_time", "unknown")
-
-
-def trained_on(train: Sequence[str], test: Sequence[str], *, split_file: Optional[str]) -> str:
-    """Where a run's training records come from, for the report header (``DS1 22 + svdb 39``).
-
-    Records of the test records' database (or bare ids) count as the split's DS1; the others by
-    their database.
-    """
-    from hlmtune.ecg_tokenizer.splits import database_of
-
-    home = {database_of(t) for t in test} or {""}
-    own = "DS1" if split_file is None else "split file DS1"
-    counts: Dict[str, int] = {}
-    for r in train:
-        db = database_of(r)
-        key = own if db in home or not db else db
-        counts[key] = counts.get(key, 0) + 1
-    if list(counts) == [own]:
-        return own
-    return " + ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: kv[0] != own))
-
-
-def _timing(ratio: float, threshold: float) -> str:
-    if math.isnan(ratio):
-        return "unknown"
-    return "premature" if ratio < threshold else "on_time"
-
-
-def by_timing(truth: Sequence[int], pred: Sequence[int], ratio: Sequence[float], classes: Sequence[str],
-              threshold: float = PREMATURE_RATIO) -> Dict[str, Dict[str, Any]]:
-    """:func:`summarize` of the test beats split by their timing: premature, on time, unknown.
-
-    An S beat is by definition a normally conducted beat that comes early; how many of the test
-    S beats do (and how many of those the model finds) says what a classifier that reads the
-    interval can reach on a test set, apart from the waveform.
-
-    Args:
-        truth (Sequence[int]): true class index per test example.
-        pred (Sequence[int]): predicted class index per test example.
-        ratio (Sequence[float]): each example's RR relative to its running median (NaN: unknown).
-        classes (Sequence[str]): class names, in index order.
-        threshold (float): ratios below it are premature.
-
-    Returns:
-        Dict[str, Dict[str, Any]]: per bucket with beats (``premature``: ratio < threshold,
-        ``on_time``, ``unknown``), ``per_class``, ``macro_f1``, ``accuracy``, ``n`` and ``confusion``.
-    """
-    if not len(truth) == len(pred) == len(ratio):
-        raise ValueError(f"by_timing: {len(truth)} truths, {len(pred)} predictions, {len(ratio)} ratios")
-    out: Dict[str, Dict[str, Any]] = {}
-    for bucket in TIMING_BUCKETS:
-        ks = [k for k, x in enumerate(ratio) if _timing(x, threshold) == bucket]
-        if ks:
-            m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
-            out[bucket] = {**summarize(m, classes), "confusion": m}
-    return out
+# Figures and report rendering live in their own modules; their names are importable from here too.
+from hlmtune.hlm.metrics import (  # noqa: F401
+    PREMATURE_RATIO, TIMING_BUCKETS, by_timing, class_metrics, confusion_matrix, per_record, summarize,
+)
+from hlmtune.hlm.report import (  # noqa: F401
+    BASELINES, RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, baseline_table, class_table, eval_report_markdown, headline,
+    ordered_results, plot_confusion, record_table, timing_table, trained_on,
+)
 
 
 # ----------------------------------------------------------------------------- model
@@ -391,8 +258,14 @@ def check_hlm_run(cfg: Any, run: str) -> None:
                      f"{', '.join(EVAL_BUILDERS)}")
 
 
-def _test_dataset(cfg: Any, tokenizer: Any, split: str):
-    """(kind, test dataset, training records, test records) built from the run's dataset section."""
+def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Dict[str, Any]] = None):
+    """(kind, test dataset, training records, test records) built from the run's dataset section.
+
+    The training records are those the run's section names (its split or ``records``, and
+    ``extra_records``); they must meet no test record, by id or by signal, and neither may the
+    records of any run its weights come from. ``external`` (:func:`external_test_shards`) tests
+    on another folder's records instead of ``split``.
+    """
     from omegaconf import OmegaConf
 
     from hlmtune.data_builders import ecg as builders
@@ -403,7 +276,21 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
     train_split = ds.get("split", sp.TRAIN)
     manifest, _ = builders.read_shards(tokenizer, ds.get("shards_dir"))
     available = [r["record"] for r in manifest["records"]]
-    train_records = builders.training_records(manifest, ds)  # the split's records and extra_records
+    # what the run trained on: its saved config's record keys, whatever this evaluation overrides
+    train_records = builders.training_records(manifest, {**ds, **recorded_records_keys(cfg)})
+    digests = builders.signal_digests(manifest)
+    if external is not None:
+        if comp not in builders.BEAT_BUILDERS:
+            raise ValueError(f"--test-records scores beat classes; this run's dataset is {comp}")
+        test = [r["record"] for r in external["manifest"]["records"]]
+        # one recording under two ids (another folder's copy of a training record) is one patient
+        both = {**{r: d for r, d in digests.items() if r in set(train_records)},
+                **builders.signal_digests(external["manifest"])}
+        sp.check_disjoint(train_records, test, digests=both, what="run")
+        check_base_models(cfg, test)
+        section = {**ds, "shards_dir": str(external["shards"]), "split_file": None, "extra_records": None}
+        d = builders.beat_test_dataset(tokenizer, comp, section, split=sp.TEST, records=test)
+        return builders.BEAT_BUILDERS[comp], d, train_records, test
     if train_split == sp.RANDOM:
         test_split = sp.RANDOM  # the held-out beats of the same records
         test = train_records
@@ -411,7 +298,7 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
         test_split = split
         test = sp.resolve_records(split=split, records=None, split_file=ds.get("split_file"), available=available,
                                   evaluation=True)
-        sp.check_disjoint(train_records, test, digests=builders.signal_digests(manifest))
+        sp.check_disjoint(train_records, test, digests=digests)
         check_base_models(cfg, test)
     if comp in builders.BEAT_BUILDERS:
         # Under the random split the held-out beats are those of the run's own records (an
@@ -428,6 +315,36 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str):
                                   stride_beats=ds.get("stride_beats"), balance=None, num_examples=None, seed=0)
         return "af", d, train_records, list(recs)
     raise ValueError(f"hlmtune eval evaluates the HLM's classification datasets; the config's dataset is {comp}")
+
+
+RECORD_KEYS = ("split", "records", "split_file", "extra_records")
+
+
+def recorded_records_keys(cfg: Any) -> Dict[str, Any]:
+    """The dataset keys that chose a run's training records, as the run saved them.
+
+    ``hlmtune eval --config RUN dataset.split_file=OTHER.json`` tests on OTHER's DS2, but the
+    run trained on what its own ``torchtune_config.yaml`` says: the report header and the overlap
+    check use that. A saved split file that is gone (a moved job) leaves the current value.
+
+    Returns:
+        Dict[str, Any]: the keys of :data:`RECORD_KEYS` the saved config has (empty without one).
+    """
+    saved = Path(str(cfg.get("output_dir", ""))) / "torchtune_config.yaml"
+    if not saved.is_file():
+        return {}
+    from omegaconf import OmegaConf
+
+    try:
+        node = OmegaConf.to_container(load_run_config(str(saved.parent), []).get("dataset"), resolve=True)
+    except Exception:  # an unreadable saved config: the evaluation's own keys stand
+        return {}
+    if not isinstance(node, dict):
+        return {}
+    keys = {k: node.get(k) for k in RECORD_KEYS if k in node}
+    if keys.get("split_file") and not Path(str(keys["split_file"])).is_file():
+        keys.pop("split_file")
+    return keys
 
 
 def check_base_models(cfg: Any, test: Sequence[str]) -> None:
@@ -505,146 +422,204 @@ def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, spli
     return list(mtrain)
 
 
-# ----------------------------------------------------------------------------- report
+# ----------------------------------------------------------------------------- evaluation stages
 
 
-def ordered_results(metrics: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """``metrics["results"]`` in the evaluation's row order (``metrics.json`` sorts its keys),
-    the headline row (``metrics["result"]``: calibrated, else the ensemble, else the run) first."""
-    res = metrics["results"]
-    order = [n for n in metrics.get("row_order", []) if n in res] or list(res)
-    head = metrics.get("result")
-    if head in res:
-        order = [head, *(n for n in order if n != head)]
-    return {n: res[n] for n in order}
+@dataclass
+class TestSet:
+    """The prompts of an evaluation and what each classified beat (or segment) is.
 
-
-def headline(metrics: Dict[str, Any]) -> Dict[str, Any]:
-    """The row an evaluation reports as its result (see :func:`ordered_results`)."""
-    return next(iter(ordered_results(metrics).values()))
-
-
-def _fmt(v: Optional[float], pct: bool = True) -> str:
-    if v is None:
-        return "-"
-    return f"{100 * v:.1f}" if pct else f"{v:.3f}"
-
-
-def baseline_table(results: Dict[str, Dict[str, Any]]) -> str:
-    """Markdown table: our S and V figures per evaluated model beside the published baselines."""
-    lines = [
-        "| method | S Se % | S +P % | S F1 | V Se % | V +P % | V F1 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, r in results.items():
-        s, v = r["per_class"].get("S", {}), r["per_class"].get("V", {})
-        lines.append(
-            f"| **{name}** | {_fmt(s.get('se'))} | {_fmt(s.get('ppv'))} | {_fmt(s.get('f1'), False)} | "
-            f"{_fmt(v.get('se'))} | {_fmt(v.get('ppv'))} | {_fmt(v.get('f1'), False)} |"
-        )
-    for b in BASELINES:
-        cell = lambda k, pct: (f"{b[k]:.1f}" if pct else f"{b[k]:.3f}") if k in b else "-"  # noqa: E731
-        lines.append(
-            f"| {b['method']} | {cell('S_se', 1)} | {cell('S_ppv', 1)} | {cell('S_f1', 0)} | "
-            f"{cell('V_se', 1)} | {cell('V_ppv', 1)} | {cell('V_f1', 0)} |"
-        )
-    return "\n".join(lines)
-
-
-def class_table(r: Dict[str, Any], classes: Optional[Sequence[str]] = None) -> str:
-    """Markdown per-class table of one result, rows in ``classes`` order (``metrics.json``
-    stores ``per_class`` with sorted keys: pass ``metrics["classes"]`` to keep N S V F)."""
-    lines = ["| class | support | Se % | +P % | F1 |", "|---|---|---|---|---|"]
-    for c in (classes or list(r["per_class"])):
-        v = r["per_class"][c]
-        lines.append(f"| {c} | {v['support']} | {_fmt(v['se'])} | {_fmt(v['ppv'])} | {_fmt(v['f1'], False)} |")
-    lines.append(f"| macro | {r['n']} | | | {_fmt(r['macro_f1'], False)} |")
-    return "\n".join(lines)
-
-
-# How to read a cell of record_table(), for the reports that print one (eval, demo, cv).
-RECORD_TABLE_LEGEND = ("Per class: beats of the class classified as it / beats of the class (+ beats of other "
-                       "classes classified as it).")
-
-
-def _found_cell(x: Dict[str, Any]) -> str:
-    """``found / beats (+ false)`` of one class (see :data:`RECORD_TABLE_LEGEND`)."""
-    return f"{x['tp']} / {x['support']}" + (f" (+{x['fp']})" if x["fp"] else "")
-
-
-def record_table(r: Dict[str, Any], classes: Sequence[str]) -> str:
-    """Markdown table of a result's ``per_record`` figures: per class, found / beats (+ false).
-
-    A cell ``12 / 1382 (+3)`` reads: of the record's 1,382 beats of the class, 12 were
-    classified as it, and 3 beats of other classes were classified as it.
+    Attributes:
+        kind (str): ``beat`` or ``af``.
+        classes (List[str]): class names, in index order.
+        choices (List[int]): the class tokens, in the same order.
+        prompts (List[List[int]]): what the model reads (windows for stream runs).
+        truth (List[int]): true class index per classified beat.
+        records (List[str]): record (patient) per classified beat.
+        positions (Optional[List[List[int]]]): per window, the query positions (stream runs).
+        ratios (Optional[List[float]]): the target beat's RR ratio per beat (``normalized_rr``).
+        n (int): classified beats evaluated.
+        n_total (int): classified beats of the whole test set.
+        beats_per_prompt (int): classified beats per prompt (1; windows: ``K - context``).
     """
-    lines = ["| record | beats | " + " | ".join(classes) + " | accuracy % |",
-             "|---|---|" + "---|" * len(classes) + "---|"]
-    for rec, v in r["per_record"].items():
-        cells = [_found_cell(v["per_class"][c]) for c in classes]
-        lines.append(f"| {rec} | {v['n']} | " + " | ".join(cells) + f" | {_fmt(v['accuracy'])} |")
-    return "\n".join(lines)
+
+    kind: str
+    classes: List[str]
+    choices: List[int]
+    prompts: List[List[int]]
+    truth: List[int]
+    records: List[str]
+    positions: Optional[List[List[int]]] = None
+    ratios: Optional[List[float]] = None
+    n: int = 0
+    n_total: int = 0
+    beats_per_prompt: int = 1
 
 
-# How to read timing_table(), for the reports that print one (eval, demo, cv).
-TIMING_TABLE_LEGEND = ("The target beat's RR token as the model read it (its interval relative to the patient's "
-                       "running median RR). An S beat is a normal beat that comes early: S beats that are not "
-                       "premature by this token must be told by their waveform alone. " + RECORD_TABLE_LEGEND)
+def collect_prompts(kind: str, ds: Any, max_examples: Optional[int]) -> TestSet:
+    """Stage 1: the test set's prompts, truths and records (the first ``max_examples`` only).
+
+    Args:
+        kind (str): ``beat``, ``stream`` or ``af`` (:func:`_test_dataset`).
+        ds (Any): the test dataset.
+        max_examples (Optional[int]): smoke runs: stop after this many classified beats.
+
+    Returns:
+        TestSet: what the scoring stage reads.
+    """
+    if kind == "stream":  # windows of consecutive beats, several classified beats each
+        prompts, positions, truth, records = [], [], [], []
+        n_total = int(sum(int((t >= 0).sum()) for t in ds.target))
+        for k in range(len(ds)):
+            if max_examples is not None and len(truth) >= int(max_examples):
+                break
+            tokens, query_at, cls = ds.window(k)
+            prompts.append(tokens)
+            positions.append(query_at)
+            truth.extend(cls)
+            records.extend([ds.record_of(k)] * len(cls))
+        v = ds.vocab
+        return TestSet("beat", list(ds.classes), [v.label_base + v.classes.index(c) for c in ds.classes], prompts,
+                       truth, records, positions=positions, n=len(truth), n_total=n_total,
+                       beats_per_prompt=max(1, ds.k - ds.context_beats))
+    n_total = len(ds)
+    n = n_total if max_examples is None else min(n_total, int(max_examples))
+    records = [ds.record_of(k) for k in range(n)]
+    if kind == "af":
+        return TestSet("af", ["AF", "not AF"], [ds.yes_id, ds.no_id], [ds.prompt(k) for k in range(n)],
+                       [0 if ds.is_af(k) else 1 for k in range(n)], records, n=n, n_total=n_total)
+    examples = [ds.example(k) for k in range(n)]  # the prompt owner records the target's RR
+    classes, v = list(ds.classes), ds.vocab
+    return TestSet("beat", classes, [v.label_base + v.classes.index(c) for c in classes], [x.tokens for x in examples],
+                   [classes.index(ds.label_of(k)) for k in range(n)], records,
+                   ratios=[float(x.rr_ratio) for x in examples] if getattr(ds, "normalized_rr", False) else None,
+                   n=n, n_total=n_total)
 
 
-def timing_table(r: Dict[str, Any], classes: Sequence[str], threshold: float = PREMATURE_RATIO) -> str:
-    """Markdown table of a result's ``by_timing`` figures (cells as :func:`record_table`'s)."""
-    names = {"premature": f"premature (RR < {threshold:g} x running median)",
-             "on_time": f"on time (>= {threshold:g})", "unknown": "interval unknown (record start)"}
-    lines = ["| target beat's RR token | beats | " + " | ".join(classes) + " |",
-             "|---|---|" + "---|" * len(classes)]
-    for bucket, v in r["by_timing"].items():
-        cells = [_found_cell(v["per_class"][c]) for c in classes]
-        lines.append(f"| {names[bucket]} | {v['n']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def result_row(test: TestSet, pred: Sequence[int], **extra: Any) -> Dict[str, Any]:
+    """One row of ``metrics.json``'s results: the figures of ``pred``, per record and by timing."""
+    m = confusion_matrix(test.truth, pred, len(test.classes))
+    r = summarize(m, test.classes)
+    r.update({"confusion": m, "classes": test.classes, **extra,
+              "per_record": per_record(test.truth, pred, test.records, test.classes)})
+    if test.ratios is not None:
+        r["by_timing"] = by_timing(test.truth, pred, test.ratios, test.classes)
+    return r
 
 
-def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title: str) -> None:
-    """Row-normalised confusion matrix with counts, as PNG (atomic write)."""
-    import matplotlib
+def models_to_score(cfg: Any, members: Sequence[Tuple[Path, Any]], *, quantized: bool,
+                    ptq_run: Optional[Path]) -> List[Tuple[str, Path, Any, bool, Any]]:
+    """Stage 2: (row name, weights, quantizer config or None, weights already quantized, run config) per model."""
+    output_dir = Path(cfg.output_dir)
+    if members:
+        return [(f"member {i + 1} ({d.name})", _last_export(d), None, False, c)
+                for i, (d, c) in enumerate([(output_dir, cfg), *members])]
+    models = [("HLM (this run)", _last_export(output_dir), None, False, cfg)]
+    if quantized:
+        qfiles = sorted((output_dir / "quantized").glob("*.pt"))
+        if not qfiles:
+            raise FileNotFoundError(f"--quantized: no quantized export in {output_dir / 'quantized'} (a QAT run writes one)")
+        qcfg = cfg.get("quantize", {}).get("quantizer", None) or cfg.quantizer
+        models = [("float (QAT-trained)", models[0][1], None, False, cfg),
+                  ("int4 weights, QAT", qfiles[-1], qcfg, True, cfg)]
+        if ptq_run is not None:
+            models.append(("int4 weights, post-training (no QAT)", _last_export(Path(ptq_run)), qcfg, False, cfg))
+    return models
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def score(models: Sequence[Tuple[str, Path, Any, bool, Any]], test: TestSet, *, batch_size: int,
+          compile: bool) -> Tuple[Dict[str, Dict[str, Any]], List[Any]]:
+    """Stage 3: every model's predictions; (result rows by name, (Q, C) class log-probabilities per model)."""
+    results: Dict[str, Dict[str, Any]] = {}
+    logprobs = []
+    batch = max(1, batch_size // test.beats_per_prompt)  # --batch-size counts classified beats
+    for name, weights, qcfg, is_q, mcfg in models:
+        model = load_model(mcfg, weights, quantizer_cfg=qcfg, quantized_weights=is_q)
+        run = dict(batch_size=batch, desc=f"eval {name}", positions=test.positions, return_logprobs=True)
+        try:
+            pred, off, lp = predict(model, test.prompts, test.choices, compile=compile and qcfg is None, **run)
+        except Exception as e:  # inductor needs a C++ compiler; without one, eager gives the same answers
+            if not (compile and qcfg is None):
+                raise
+            print(f"hlmtune eval: torch.compile failed ({type(e).__name__}: {str(e)[:120]}); evaluating eagerly",
+                  file=sys.stderr)
+            pred, off, lp = predict(model, test.prompts, test.choices, **run)
+        logprobs.append(lp)
+        results[name] = result_row(test, pred, weights=str(weights), off_vocabulary_argmax=off)
+        del model
+    return results, logprobs
+
+
+def combine(results: Dict[str, Dict[str, Any]], logprobs: List[Any], test: TestSet, *, ensemble: bool,
+            bias: Any, calibration: Optional[Path]) -> Tuple[Dict[str, Dict[str, Any]], List[Any], Optional[str]]:
+    """Stage 4: the ensemble's row (mean log-probability) and the calibrated row, each put first.
+
+    Returns:
+        Tuple: (result rows, (Q, C) log-probabilities per row in the same order, the calibrated
+        row's name or None).
+    """
+    import torch
+
+    rows = [lp.numpy() for lp in logprobs]
+    if ensemble:  # the ensemble's row first: it is the result (report, README, benchmark)
+        mean = torch.stack(logprobs).mean(0)  # (K, Q, C) -> (Q, C)
+        r = result_row(test, mean.argmax(-1).tolist(), weights=[v["weights"] for v in results.values()],
+                       off_vocabulary_argmax=None)  # no single LM's free argmax: see the members' rows
+        results = {f"HLM ensemble of {len(logprobs)} runs (mean class log-prob)": r, **results}
+        rows = [mean.numpy(), *rows]
+    calibrated = None
+    if bias is not None:
+        from hlmtune.hlm.calibrate import apply_bias
+
+        r = result_row(test, apply_bias(rows[0], bias).tolist(), weights=next(iter(results.values()))["weights"],
+                       off_vocabulary_argmax=None, class_bias=dict(zip(test.classes, map(float, bias))),
+                       calibration=str(calibration))
+        calibrated = f"{next(iter(results))} + class bias fitted on DS1 CV"
+        results = {calibrated: r, **results}
+        rows = [rows[0] + bias[None, :].astype("float32"), *rows]
+    return results, rows, calibrated
+
+
+def write_outputs(out: Path, metrics: Dict[str, Any], test: TestSet, rows: List[Any], *, title: str,
+                  model_runs: Sequence[Path]) -> None:
+    """Stage 5: ``predictions.npz``, ``metrics.json``, ``confusion.csv`` / ``.png`` and ``report.md`` (atomic writes)."""
+    import numpy as np
 
     from hlmtune._io import atomic_write_bytes
 
-    n = len(classes)
-    rows = [[m[i][j] / max(1, sum(m[i])) for j in range(n)] for i in range(n)]
-    fig, ax = plt.subplots(figsize=(1.2 * n + 2, 1.2 * n + 1.5))
-    ax.imshow(rows, vmin=0, vmax=1, cmap="Blues")
-    for i in range(n):
-        for j in range(n):
-            ax.text(j, i, f"{m[i][j]}\n{100 * rows[i][j]:.0f}%", ha="center", va="center",
-                    color="white" if rows[i][j] > 0.5 else "black", fontsize=8)
-    ax.set_xticks(range(n), classes)
-    ax.set_yticks(range(n), classes)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true (annotation)")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    results = metrics["results"]
+    first = results[metrics["result"]]
+    # Every row's class log-probabilities per test example (the calibrated row: + its bias), for
+    # pooling out-of-fold predictions (hlmtune cv) and for analysis; row order = results order.
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    np.savez(buf, truth=np.asarray(test.truth, dtype=np.int64), logprobs=np.stack(rows).astype(np.float32),
+             rows=np.array(list(results)), classes=np.array(test.classes), record=np.array(test.records, dtype=str),
+             **({"rr_ratio": np.asarray(test.ratios, dtype=np.float32)} if test.ratios is not None else {}))
+    atomic_write_bytes(out / "predictions.npz", buf.getvalue())
+    atomic_write_bytes(out / "metrics.json", (json.dumps(metrics, indent=1, sort_keys=True) + "\n").encode())
+    text = io.StringIO()
+    w = csv.writer(text)
+    w.writerow(["true \\ predicted", *test.classes])
+    for c, row in zip(test.classes, first["confusion"]):
+        w.writerow([c, *row])
+    atomic_write_bytes(out / "confusion.csv", text.getvalue().encode())
+    plot_confusion(first["confusion"], test.classes, out / "confusion.png", metrics["notice"][:90])
+    atomic_write_bytes(out / "report.md", eval_report_markdown(metrics, title=title, model_runs=model_runs).encode())
 
 
 def evaluate(
     cfg: Any, *, split: str = "DS2", batch_size: int = 256, out_dir: Optional[Path] = None,
     quantized: bool = False, ptq_run: Optional[Path] = None, max_examples: Optional[int] = None,
     compile: bool = False, ensemble: Sequence[Path] = (), overrides: Sequence[str] = (),
-    calibration: Optional[Path] = None,
+    calibration: Optional[Path] = None, test_records: Optional[Path] = None,
 ) -> Dict[str, Any]:
-    """Evaluate a trained HLM run and write its report.
+    """Evaluate a trained HLM run and write its report: a driver over the stages above.
 
     Args:
         cfg (DictConfig): the run's config (as trained; ``output_dir`` holds its exports).
         split (str): test split (``DS2``); ignored for ``split: random`` runs (their test beats).
-        batch_size (int): prompts per forward pass.
+        batch_size (int): classified beats per forward pass.
         out_dir (Optional[Path]): where to write (default ``<output_dir>/eval``).
         quantized (bool): also evaluate ``<output_dir>/quantized/*.pt`` (QAT runs).
         ptq_run (Optional[Path]): output_dir of the same model trained without fake quantization:
@@ -653,19 +628,16 @@ def evaluate(
         max_examples (Optional[int]): evaluate only the first N test examples (smoke runs; the
             report says so).
         compile (bool): run the float model through ``torch.compile`` (see :func:`predict`).
-        ensemble (Sequence[Path]): output_dirs of more runs trained for the same prompts (e.g.
-            the same config with other seeds). The prediction is then the class with the highest
-            mean log-probability over ``cfg``'s run and these (each LM's next-token distribution
-            renormalized over the class tokens); each member's own figures are reported too.
-            Every member's training records are checked against the test split, and its test
-            prompts must be the first run's.
+        ensemble (Sequence[Path]): output_dirs of more runs trained for the same prompts. The
+            prediction is the class with the highest mean log-probability over ``cfg``'s run and
+            these; each member's own figures are reported too. Every member's training records
+            are checked against the test records, and its test prompts must be the first run's.
         overrides (Sequence[str]): the ``key=value`` overrides ``cfg`` was loaded with; they
-            apply to every ensemble member too (e.g. ``shards_dir=`` after the tokens moved),
-            except ``output_dir``, which is each member's own folder.
-        calibration (Optional[Path]): a class-bias file of ``hlmtune cv`` (fitted on DS1
-            out-of-fold predictions; refused when fitted on a test record): the prediction is
-            then ``argmax(log p + bias)`` of the run (or the ensemble's mean), reported first,
-            the uncalibrated rows after it.
+            apply to every ensemble member too, except ``output_dir``.
+        calibration (Optional[Path]): a class-bias file of ``hlmtune cv`` (refused when fitted on
+            a test record): ``argmax(log p + bias)`` is reported first, the uncalibrated rows after.
+        test_records (Optional[Path]): a WFDB folder to test on instead of ``split``: every
+            beat-annotated record, at any sampling rate (:func:`external_test_shards`).
 
     Returns:
         Dict[str, Any]: what ``metrics.json`` holds.
@@ -673,15 +645,72 @@ def evaluate(
     import torch
     from torchtune import config
 
-    from hlmtune._io import atomic_write_bytes
     from hlmtune.ecg_tokenizer import splits as sp
 
     torch.manual_seed(0)
     conflict = flag_conflict(quantized=quantized, ptq_run=ptq_run, ensemble=ensemble, calibration=calibration)
     if conflict:
         raise ValueError(conflict)
+    members = ensemble_members(cfg, ensemble, overrides)
+    out = Path(out_dir) if out_dir is not None else Path(cfg.output_dir) / "eval"
+    tokenizer = config.instantiate(cfg.tokenizer)
+    external = external_test_shards(cfg, Path(test_records), out) if test_records is not None else None
+    kind, ds, train_records, test_ids = _test_dataset(cfg, tokenizer, split, external=external)
+    for d, mcfg in members:
+        train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
+    test = collect_prompts(kind, ds, max_examples)
+    bias = None
+    if calibration is not None:  # checked before any model runs: a bad file fails at once
+        from hlmtune.hlm.calibrate import load_calibration
+
+        if test.kind != "beat":
+            raise ValueError("--calibration applies to beat classification runs (hlmtune cv fits it)")
+        bias = load_calibration(Path(calibration), classes=test.classes, test_records=test_ids)
+    models = models_to_score(cfg, members, quantized=quantized, ptq_run=ptq_run)
+    results, logprobs = score(models, test, batch_size=batch_size, compile=compile)
+    results, rows, calibrated = combine(results, logprobs, test, ensemble=bool(members), bias=bias,
+                                        calibration=calibration)
+    random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
+    first = results[models[1][0]] if quantized else next(iter(results.values()))
+    tested = external["described"] if external else f"{split} (unseen patients)"
+    notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
+        f"Inter-patient evaluation: trained on {len(train_records)} records "
+        f"({trained_on(train_records, test_ids, split_file=cfg.dataset.get('split_file'))}), tested on {tested}"
+    )
+    subset = f"; first {test.n} of {test.n_total} test examples only (smoke run)" if test.n < test.n_total else ""
+    metrics = {
+        "split_kind": "random_beats" if random_split else "inter_patient",
+        "notice": notice + subset,
+        "task": test.kind,
+        "test_split": sp.RANDOM if random_split else (f"records of {external['folder']}" if external else split),
+        "test_databases": sorted({sp.database_of(r) or "" for r in test_ids} - {""}),
+        "train_records": list(train_records),
+        "n_examples": test.n,
+        "n_test_examples": test.n_total,
+        "classes": test.classes,
+        "results": results,
+        "baselines": BASELINES if test.kind == "beat" else [],
+        "config": {"model": str(cfg.model._component_), "dataset": str(cfg.dataset._component_)},
+        "ensemble": [str(w) for _, w, _, _, _ in models] if members else [],
+        "calibration": str(calibration) if calibrated else None,
+        # metrics.json sorts its keys: these two keep the rows' order and name the headline row
+        "row_order": list(results),
+        "result": next(name for name, r in results.items() if r is first),
+    }
+    if external:
+        metrics["test_records_dropped"] = external["dropped"]
+    if test.kind == "af":
+        for r in results.values():
+            r["af_f1"] = r["per_class"]["AF"]["f1"]
+    write_outputs(out, metrics, test, rows, title=str(cfg.model._component_),
+                  model_runs=[w.parent.parent for _, w, _, _, _ in models])
+    metrics["out_dir"] = str(out)
+    return metrics
+
+
+def ensemble_members(cfg: Any, ensemble: Sequence[Path], overrides: Sequence[str]) -> List[Tuple[Path, Any]]:
+    """Every run of the evaluation recognised as an HLM run before any work; (folder, config) of the others."""
     check_hlm_run(cfg, str(cfg.get("output_dir")))
-    # every run is recognised before any work (the first run's test set is built next)
     seen = {Path(cfg.output_dir).resolve()}
     for d in ensemble:
         if not (Path(d) / "torchtune_config.yaml").is_file():
@@ -693,191 +722,53 @@ def evaluate(
     members = [(Path(d), load_run_config(str(d), shared)) for d in ensemble]
     for d, mcfg in members:
         check_hlm_run(mcfg, f"--ensemble {d}")
-    tokenizer = config.instantiate(cfg.tokenizer)
-    kind, ds, train_records, test_records = _test_dataset(cfg, tokenizer, split)
-    for d, mcfg in members:
-        train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
-    random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
-    positions: Optional[List[List[int]]] = None
-    records: List[str] = []  # the record (patient) of each classified beat / segment
-    if kind == "stream":  # windows of consecutive beats, several classified beats each
-        prompts, positions, truth = [], [], []
-        n_total = int(sum(int((t >= 0).sum()) for t in ds.target))
-        for k in range(len(ds)):
-            if max_examples is not None and len(truth) >= int(max_examples):
-                break
-            tokens, query_at, cls = ds.window(k)
-            prompts.append(tokens)
-            positions.append(query_at)
-            truth.extend(cls)
-            records.extend([ds.record_of(k)] * len(cls))
-        n = len(truth)
-        kind = "beat"
-    else:
-        n_total = len(ds)
-        n = n_total if max_examples is None else min(n_total, int(max_examples))
-        examples = [ds.example(k) for k in range(n)] if kind == "beat" else []
-        prompts = [x.tokens for x in examples] if kind == "beat" else [ds.prompt(k) for k in range(n)]
-        records = [ds.record_of(k) for k in range(n)]
-    if kind == "beat":
-        classes = list(ds.classes)
-        v = ds.vocab
-        choices = [v.label_base + v.classes.index(c) for c in classes]
-        if positions is None:
-            truth = [classes.index(ds.label_of(k)) for k in range(n)]
-    else:
-        classes = ["AF", "not AF"]
-        choices = [ds.yes_id, ds.no_id]
-        truth = [0 if ds.is_af(k) else 1 for k in range(n)]
-    ratios: Optional[List[float]] = None  # the target beat's RR relative to the patient's rhythm
-    if kind == "beat" and positions is None and getattr(ds, "normalized_rr", False):
-        ratios = [float(x.rr_ratio) for x in examples]
+    return members
 
-    def breakdowns(pred: Sequence[int]) -> Dict[str, Any]:
-        """A result row's per-record figures, and per timing of the target beat when known."""
-        out = {"per_record": per_record(truth, pred, records, classes)}
-        if ratios is not None:
-            out["by_timing"] = by_timing(truth, pred, ratios, classes)
-        return out
 
-    bias = None
-    if calibration is not None:  # checked before any model runs: a bad file fails at once
-        from hlmtune.hlm.calibrate import apply_bias, load_calibration
+def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
+    """Tokenize a WFDB folder of test patients as the run's shards were (``--test-records``).
 
-        if kind != "beat":
-            raise ValueError("--calibration applies to beat classification runs (hlmtune cv fits it)")
-        bias = load_calibration(Path(calibration), classes=classes, test_records=test_records)
-    output_dir = Path(cfg.output_dir)
-    out = Path(out_dir) if out_dir is not None else output_dir / "eval"
-    models: List[Tuple[str, Path, Any, bool]] = [("HLM (this run)", _last_export(output_dir), None, False)]
-    if members:
-        models = [(f"member {i + 1} ({d.name})", _last_export(d), None, False)
-                  for i, d in enumerate([output_dir, *(d for d, _ in members)])]
-    if quantized:
-        qfiles = sorted((output_dir / "quantized").glob("*.pt"))
-        if not qfiles:
-            raise FileNotFoundError(f"--quantized: no quantized export in {output_dir / 'quantized'} (a QAT run writes one)")
-        qcfg = cfg.get("quantize", {}).get("quantizer", None) or cfg.quantizer
-        models = [("float (QAT-trained)", models[0][1], None, False), ("int4 weights, QAT", qfiles[-1], qcfg, True)]
-        if ptq_run is not None:
-            models.append(("int4 weights, post-training (no QAT)", _last_export(Path(ptq_run)), qcfg, False))
-    results: Dict[str, Dict[str, Any]] = {}
-    if positions is not None:  # --batch-size counts classified beats: windows of ~(K - context) each
-        batch_size = max(1, batch_size // max(1, ds.k - ds.context_beats))
-    model_cfgs = [cfg, *(mcfg for _, mcfg in members)] if members else [cfg] * len(models)
-    logprobs = []
-    for (name, weights, qcfg, is_q), mcfg in zip(models, model_cfgs):
-        model = load_model(mcfg, weights, quantizer_cfg=qcfg, quantized_weights=is_q)
-        try:
-            pred, off, lp = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
-                                    compile=compile and qcfg is None, positions=positions, return_logprobs=True)
-        except Exception as e:  # inductor needs a C++ compiler; without one, eager gives the same answers
-            if not (compile and qcfg is None):
-                raise
-            print(f"hlmtune eval: torch.compile failed ({type(e).__name__}: {str(e)[:120]}); evaluating eagerly",
-                  file=sys.stderr)
-            pred, off, lp = predict(model, prompts, choices, batch_size=batch_size, desc=f"eval {name}",
-                                    positions=positions, return_logprobs=True)
-        logprobs.append(lp)
-        m = confusion_matrix(truth, pred, len(classes))
-        r = summarize(m, classes)
-        r.update({"confusion": m, "classes": classes, "weights": str(weights), "off_vocabulary_argmax": off,
-                  **breakdowns(pred)})
-        results[name] = r
-        del model
-    rows = [lp.numpy() for lp in logprobs]  # per result row, (Q, C): saved in predictions.npz
-    if members:  # the ensemble's row first: it is the result (report, README, benchmark)
-        mean = torch.stack(logprobs).mean(0)  # (K, Q, C) -> (Q, C)
-        pred = mean.argmax(-1).tolist()
-        m = confusion_matrix(truth, pred, len(classes))
-        r = summarize(m, classes)
-        r.update({"confusion": m, "classes": classes, "weights": [str(w) for _, w, _, _ in models],
-                  "off_vocabulary_argmax": None,  # no single LM's free argmax: see the members' rows
-                  **breakdowns(pred)})
-        results = {f"HLM ensemble of {len(models)} runs (mean class log-prob)": r, **results}
-        rows = [mean.numpy(), *rows]
-    calibrated = None
-    if bias is not None:
-        pred = apply_bias(rows[0], bias).tolist()
-        m = confusion_matrix(truth, pred, len(classes))
-        r = summarize(m, classes)
-        r.update({"confusion": m, "classes": classes, "weights": next(iter(results.values()))["weights"],
-                  "off_vocabulary_argmax": None, "class_bias": dict(zip(classes, map(float, bias))),
-                  "calibration": str(calibration), **breakdowns(pred)})
-        calibrated = f"{next(iter(results))} + class bias fitted on DS1 CV"
-        results = {calibrated: r, **results}
-        rows = [rows[0] + bias[None, :].astype("float32"), *rows]
-    first = results[models[1][0]] if quantized else next(iter(results.values()))
-    notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
-        f"Inter-patient evaluation: trained on {len(train_records)} records "
-        f"({trained_on(train_records, test_records, split_file=cfg.dataset.get('split_file'))}), "
-        f"tested on {split} (unseen patients)"
-    )
-    subset = f"; first {n} of {n_total} test examples only (smoke run)" if n < n_total else ""
-    metrics = {
-        "split_kind": "random_beats" if random_split else "inter_patient",
-        "notice": notice + subset,
-        "task": kind,
-        "test_split": sp.RANDOM if random_split else split,
-        "train_records": list(train_records),
-        "n_examples": n,
-        "n_test_examples": n_total,
-        "classes": classes,
-        "results": results,
-        "baselines": BASELINES if kind == "beat" else [],
-        "config": {"model": str(cfg.model._component_), "dataset": str(cfg.dataset._component_)},
-        "ensemble": [str(w) for _, w, _, _ in models] if members else [],
-    }
-    if kind == "af":
-        for r in results.values():
-            r["af_f1"] = r["per_class"]["AF"]["f1"]
-    out.mkdir(parents=True, exist_ok=True)
-    # Every row's class log-probabilities per test example (the calibrated row: + its bias), for
-    # pooling out-of-fold predictions (hlmtune cv) and for analysis; row order = results order.
-    import numpy as np
+    Every record with a beat annotation file (its ``RECORDS`` list, else every ``*.hea``) is
+    read at its own sampling rate and resampled as the training records were; its ids are
+    ``<folder name>/<record>``. Beat symbols outside the WFDB table are dropped and counted
+    (strict for training data, lenient for a test folder: a report says how many).
 
-    buf = io.BytesIO()
-    np.savez(buf, truth=np.asarray(truth, dtype=np.int64), logprobs=np.stack(rows).astype(np.float32),
-             rows=np.array(list(results)), classes=np.array(classes), record=np.array(records, dtype=str),
-             **({"rr_ratio": np.asarray(ratios, dtype=np.float32)} if ratios is not None else {}))
-    atomic_write_bytes(out / "predictions.npz", buf.getvalue())
-    metrics["calibration"] = str(calibration) if calibrated else None
-    # metrics.json sorts its keys: these two keep the rows' order and name the headline row
-    metrics["row_order"] = list(results)
-    metrics["result"] = next(name for name, r in results.items() if r is first)
-    atomic_write_bytes(out / "metrics.json", (json.dumps(metrics, indent=1, sort_keys=True) + "\n").encode())
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["true \\ predicted", *classes])
-    for c, row in zip(classes, first["confusion"]):
-        w.writerow([c, *row])
-    atomic_write_bytes(out / "confusion.csv", buf.getvalue().encode())
-    plot_confusion(first["confusion"], classes, out / "confusion.png", notice[:90])
-    md = [f"**{notice}**{subset}", "", f"# HLM evaluation: {cfg.model._component_}", ""]
-    for name, r in results.items():
-        md += [f"## {name}", "", class_table(r), "",
-               f"Next token outside the class tokens (unconstrained argmax): {r['off_vocabulary_argmax']} of {r['n']}."
-               if r["off_vocabulary_argmax"] is not None else
-               f"The row below with a class bias added to its log-probabilities "
-               f"({', '.join(f'{c} {b:+.2f}' for c, b in r['class_bias'].items())}), fitted on out-of-fold "
-               f"predictions for DS1 patients (`{r['calibration']}`), never on the test split."
-               if "class_bias" in r else
-               f"Mean over the {len(models)} runs below of each one's class-token log-probabilities; "
-               f"runs: {', '.join(f'`{w.parent.parent}`' for _, w, _, _ in models)}.", ""]
-    if kind == "beat":
-        md += ["## Beside the published inter-patient baselines (MIT-BIH DS1 -> DS2)", "",
-               baseline_table(results), "",
-               "Baseline figures as the papers state them; ours from `metrics.json`."
-               + (" Not comparable: random beat split." if random_split else ""), ""]
-    md += ["![confusion matrix](confusion.png)", "",
-           f"## Per record: {metrics['result']}", "",
-           RECORD_TABLE_LEGEND, "", record_table(first, classes), ""]
-    if "by_timing" in first:
-        md += [f"## By the target beat's timing: {metrics['result']}", "", TIMING_TABLE_LEGEND, "",
-               timing_table(first, classes), ""]
-    atomic_write_bytes(out / "report.md", "\n".join(md).encode())
-    metrics["out_dir"] = str(out)
-    return metrics
+    Args:
+        cfg (DictConfig): the run's config (its tokenizer's shards give the parameters).
+        folder (Path): the WFDB folder.
+        out (Path): the evaluation folder (the tokens go to ``out/test_tokens``; a rerun resumes).
+
+    Returns:
+        Dict[str, Any]: ``shards`` (folder), ``manifest``, ``folder``, ``described``, ``dropped``.
+
+    Raises:
+        FileNotFoundError: no folder, or no beat-annotated record in it.
+        RuntimeError: a record that cannot be read (named).
+    """
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, database_name, tokenize_sources
+    from hlmtune.ecg_tokenizer.records import list_records
+    from hlmtune.ecg_tokenizer.shards import read_manifest
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--test-records {folder}: no such folder")
+    names = [n for n in list_records(folder) if (folder / f"{n}.atr").is_file()]
+    if not names:
+        raise FileNotFoundError(f"--test-records {folder}: no record with a beat annotation file (.atr)")
+    run_shards = read_manifest(Path(str(cfg.tokenizer.get("manifest_path") or cfg.get("shards_dir"))))
+    params = TokenizerParams.from_dict(run_shards["params"])
+    db = database_name(folder)
+    summary = tokenize_sources([RecordSource(folder, db, names)], out / "test_tokens", params=params,
+                               options=RecordOptions(on_unknown_symbols="drop", on_missing_annotations="error"),
+                               workers=1, progress=False)
+    if not summary.ok:
+        raise RuntimeError(f"--test-records {folder}: records that cannot be read:\n" + summary.format())
+    manifest = read_manifest(out / "test_tokens")
+    rates = sorted({float(r["fs"]) for r in manifest["records"]})
+    return {"shards": out / "test_tokens", "manifest": manifest, "folder": str(folder),
+            "described": f"{len(names)} records of {db} ({folder}; {', '.join(f'{r:g}' for r in rates)} Hz)",
+            "dropped": sum(int(r["n_dropped"]) for r in manifest["records"])}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -898,8 +789,9 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument("--config", required=True,
-                   help="the run's config: pack name (ecg_lora), YAML path, or a run's output_dir "
-                        "(reads the torchtune_config.yaml the run wrote)")
+                   help="the run's config: pack name (ecg_lora), YAML path, a run's output_dir (reads the "
+                        "torchtune_config.yaml the run wrote), or a job folder of `hlmtune demo --out` / "
+                        "`benchmarks/ecg_quality.py --out` (its final model, or its ensemble)")
     p.add_argument("overrides", nargs="*",
                    help="key=value overrides, as given to `hlmtune run` (e.g. output_dir=...); with --ensemble they "
                         "apply to every run (output_dir excepted)")
@@ -919,7 +811,33 @@ def register(subparsers: Any) -> None:
     p.add_argument("--calibration", type=Path, default=None, metavar="FILE",
                    help="class-bias file of `hlmtune cv` (calibration.json, fitted on DS1 out-of-fold "
                         "predictions): report argmax(log p + bias) first, the uncalibrated rows after it")
+    p.add_argument("--test-records", type=Path, default=None, metavar="FOLDER",
+                   help="test on every beat-annotated record of a WFDB folder (its RECORDS file, else every record "
+                        "with an .atr; any sampling rate) instead of --split; records the run, or a run its weights "
+                        "come from, trained on are refused (by id and by signal)")
     p.set_defaults(func=_main)
+
+
+def job_runs(folder: Path) -> Optional[List[Path]]:
+    """The final fine-tune(s) of a job folder (``hlmtune demo --out``, ``benchmarks/ecg_quality.py --out``).
+
+    The runs the job's report scored (its ``report/metrics.json``: the ensemble's members, in
+    order), found by name under ``folder/runs`` so a moved job still works; else ``runs/lora``.
+
+    Returns:
+        Optional[List[Path]]: the runs (the first is the ``--config`` run, the rest its ensemble),
+        or None when ``folder`` is not a job folder.
+    """
+    runs = Path(folder) / "runs"
+    if (Path(folder) / "torchtune_config.yaml").is_file() or not runs.is_dir():
+        return None
+    metrics = Path(folder) / "report" / "metrics.json"
+    if metrics.is_file():
+        weights = json.loads(metrics.read_text()).get("ensemble") or []
+        found = [runs / Path(w).parent.parent.name for w in weights]
+        if found and all((r / "torchtune_config.yaml").is_file() for r in found):
+            return found
+    return [runs / "lora"] if (runs / "lora" / "torchtune_config.yaml").is_file() else None
 
 
 def load_run_config(target: str, overrides: Sequence[str]) -> Any:
@@ -1035,13 +953,20 @@ def _main(args: argparse.Namespace) -> int:
         print(f"hlmtune eval: {conflict}", file=sys.stderr)
         return 2
     try:
-        cfg = load_run_config(args.config, args.overrides)
+        target, ensemble = args.config, list(args.ensemble)
+        job = job_runs(Path(args.config)) if Path(args.config).is_dir() else None
+        if job is not None:  # a job folder: its final model(s), as the job evaluated them
+            if ensemble:
+                raise ValueError(f"--config {args.config} is a job folder (its ensemble is its own): drop --ensemble")
+            target, ensemble = str(job[0]), job[1:]
+            print(f"hlmtune eval: job {args.config}: {' + '.join(r.name for r in job)}", file=sys.stderr)
+        cfg = load_run_config(target, args.overrides)
         check_hlm_run(cfg, f"--config {args.config}")
         metrics = evaluate(cfg, split=args.split, batch_size=args.batch_size, out_dir=args.out,
                            quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples,
-                           compile=args.compile, ensemble=args.ensemble, overrides=args.overrides,
-                           calibration=args.calibration)
-    except (FileNotFoundError, SplitError, ValueError) as e:
+                           compile=args.compile, ensemble=ensemble, overrides=args.overrides,
+                           calibration=args.calibration, test_records=args.test_records)
+    except (FileNotFoundError, SplitError, ValueError, RuntimeError) as e:
         print(f"hlmtune eval: {e}", file=sys.stderr)
         return 2
     print(metrics["notice"])
