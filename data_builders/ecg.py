@@ -320,6 +320,9 @@ class ECGBeatClassificationDataset(Dataset):
         prompt (BeatPromptOptions): what the prompt shows and how training varies it.
         draw (BeatDraw): the classes and the draw of an epoch's examples.
         beat_mask (Optional[Dict[str, np.ndarray]]): per record, which beats are targets.
+        labels (Optional[Dict[str, np.ndarray]]): per record, each beat's class id in place of
+            the beat table's (the reference class of a detected beat, ``hlmtune eval --beats
+            detector``); never part of a prompt.
 
     Raises:
         ValueError: annotation shards (their tokens are labels), no RR bins, no examples, an
@@ -334,6 +337,7 @@ class ECGBeatClassificationDataset(Dataset):
         prompt: BeatPromptOptions,
         draw: BeatDraw,
         beat_mask: Optional[Dict[str, np.ndarray]] = None,
+        labels: Optional[Dict[str, np.ndarray]] = None,
     ) -> None:
         params = _samples_params(manifest)
         o = self.options = prompt
@@ -367,7 +371,7 @@ class ECGBeatClassificationDataset(Dataset):
         self.show_template = bool(o.show_template)
         self.query_id = self.vocab.ids["<beat?>"]
         self.unknown_rr = self.vocab.rr_base + int(params.rr_bins)
-        self.rec, self.beat, self.label = self._targets(class_ids, beat_mask)
+        self.rec, self.beat, self.label = self._targets(class_ids, beat_mask, labels)
         if self.label.size == 0:
             raise ValueError(f"no beats of classes {self.classes} in records {records}")
         self.index = balanced_indices(self.label, balance=draw.balance, num_examples=draw.num_examples,
@@ -394,18 +398,19 @@ class ECGBeatClassificationDataset(Dataset):
                 cols.append(interval_tokens(v if ref is not None else v / fs, self.vocab, ref))
         return np.stack(cols, axis=1) if cols else np.zeros((t.size, 0), np.int64)
 
-    def _targets(self, class_ids: np.ndarray, beat_mask: Optional[Dict[str, np.ndarray]]
-                 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _targets(self, class_ids: np.ndarray, beat_mask: Optional[Dict[str, np.ndarray]],
+                 override: Optional[Dict[str, np.ndarray]] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(record index, beat index, label id) of every candidate target beat, record by record."""
         rec_idx, beat_idx, labels = [], [], []
         for i, (name, t) in enumerate(zip(self.beats.names, self.beats.tables)):
-            ok = np.isin(t["label"], class_ids)
+            lab = override[name] if override is not None else t["label"]
+            ok = np.isin(lab, class_ids)
             if beat_mask is not None:
                 ok &= beat_mask[name]
             j = np.flatnonzero(ok)
             rec_idx.append(np.full(j.size, i, np.int64))
             beat_idx.append(j)
-            labels.append(t["label"][j].astype(np.int64))
+            labels.append(np.asarray(lab)[j].astype(np.int64))
         if not rec_idx:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(rec_idx), np.concatenate(beat_idx), np.concatenate(labels)
@@ -1044,6 +1049,7 @@ def _beat_records(tokenizer: Any, source: BeatSource, *, seed: int, evaluation: 
 
 def beat_classification_dataset(
     tokenizer: Any, source: BeatSource, draw: BeatDraw, prompt: BeatPromptOptions, *, evaluation: bool = False,
+    labels: Optional[Dict[str, np.ndarray]] = None,
 ) -> ECGBeatClassificationDataset:
     """A beat-classification dataset from its option objects.
 
@@ -1054,6 +1060,8 @@ def beat_classification_dataset(
         prompt (BeatPromptOptions): the prompt's inputs.
         evaluation (bool): every target beat once, in record order, without any training-time
             variation (what ``hlmtune eval`` scores); ``split: random`` then reads the held-out beats.
+        labels (Optional[Dict[str, np.ndarray]]): per record, class ids in place of the beat
+            tables' (see :class:`ECGBeatClassificationDataset`).
 
     Returns:
         ECGBeatClassificationDataset: ``{"tokens", "labels"}`` examples.
@@ -1061,7 +1069,7 @@ def beat_classification_dataset(
     manifest, chosen, mask = _beat_records(tokenizer, source, seed=draw.seed, evaluation=evaluation)
     if evaluation:
         draw, prompt = draw.for_evaluation(), prompt.for_evaluation()
-    return ECGBeatClassificationDataset(manifest, chosen, prompt=prompt, draw=draw, beat_mask=mask)
+    return ECGBeatClassificationDataset(manifest, chosen, prompt=prompt, draw=draw, beat_mask=mask, labels=labels)
 
 
 def ecg_beat_classification_dataset(tokenizer: Any, **options: Any) -> ECGBeatClassificationDataset:
@@ -1264,6 +1272,7 @@ BEAT_BUILDERS: Dict[str, str] = {"ecg_beat_classification_dataset": "beat", "ecg
 
 def beat_test_dataset(
     tokenizer: Any, builder: str, section: Mapping[str, Any], *, split: str, records: Optional[Sequence[str]] = None,
+    labels: Optional[Dict[str, np.ndarray]] = None,
 ) -> Any:
     """The test set ``hlmtune eval`` scores for a run of ``builder`` whose dataset section is ``section``.
 
@@ -1277,6 +1286,8 @@ def beat_test_dataset(
         section (Mapping[str, Any]): the run's ``dataset`` keys, without ``_component_``.
         split (str): the test split (``DS2``; ``random``: the held-out beats of ``records``).
         records (Optional[Sequence[str]]): the records of a ``random`` split (None: the split's).
+        labels (Optional[Dict[str, np.ndarray]]): per record, class ids in place of the beat
+            tables' (detected beats: their reference beats' classes); per-beat prompts only.
 
     Returns:
         ECGBeatClassificationDataset | ECGBeatStreamDataset: the test set.
@@ -1288,6 +1299,9 @@ def beat_test_dataset(
         raise ValueError(f"{builder} is not a beat builder ({', '.join(BEAT_BUILDERS)})")
     keys = {**dict(section), "split": split, "records": records}
     if BEAT_BUILDERS[builder] == "stream":
+        if labels is not None:
+            raise ValueError(f"{builder}: windows classify the shards' own beats; detected-beat labels apply to "
+                             "per-beat prompts only")
         import inspect
 
         defaults = {k: p.default for k, p in inspect.signature(ecg_beat_stream_dataset).parameters.items()
@@ -1295,4 +1309,4 @@ def beat_test_dataset(
         return beat_stream_dataset(tokenizer, **{**defaults, **keys}, evaluation=True)
     dpo = builder == "ecg_beat_dpo_dataset"
     parsed = parse_options(builder, keys, defaults=DPO_DEFAULTS if dpo else (), exclude=DPO_EXCLUDED if dpo else ())
-    return beat_classification_dataset(tokenizer, *parsed, evaluation=True)
+    return beat_classification_dataset(tokenizer, *parsed, evaluation=True, labels=labels)

@@ -135,6 +135,7 @@ def _compute(task: Tuple) -> Tuple[str, str, Any]:
     try:
         meta = finished_meta(records_dir, out_dir, name, digest, record_id=rid)
         if meta is not None:
+            meta.setdefault("source", str((Path(records_dir) / name).resolve()))  # shards made before sources were recorded
             return "skipped", rid, meta
         rec = load_record(
             records_dir, name, lead=options.lead, lead_fallback=options.lead_fallback,
@@ -160,9 +161,10 @@ def _write(task: Tuple, res: Tuple[str, str, Any]) -> Tuple[str, str, Any]:
     if status != "tokenized":
         return res
     out_dir, params, digest = task[1], task[4], task[6]
+    source = str((Path(task[0]) / task[2]).resolve())  # the record's files, without extension
     try:
         rec, tok = payload
-        return "done", name, write_record(out_dir, rec, tok, params, digest)
+        return "done", name, write_record(out_dir, rec, tok, params, digest, source=source)
     except Exception as e:
         return "failed", name, f"writing shards: {type(e).__name__}: {e}"
 

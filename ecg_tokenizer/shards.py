@@ -69,7 +69,8 @@ def _clean(d: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def write_record(
-    out_dir: Path, rec: EcgRecord, tok: TokenizedRecord, params: TokenizerParams, digest: str
+    out_dir: Path, rec: EcgRecord, tok: TokenizedRecord, params: TokenizerParams, digest: str,
+    source: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Write one record's shards and, last, its metadata (the done marker).
 
@@ -79,6 +80,8 @@ def write_record(
         tok (TokenizedRecord): its tokens.
         params (TokenizerParams): parameters.
         digest (str): :func:`run_digest` of the run.
+        source (Optional[str]): the WFDB files' path without extension (``hlmtune eval --beats
+            detector`` reads the signal again from there).
 
     Returns:
         Dict[str, Any]: the metadata written.
@@ -103,6 +106,7 @@ def write_record(
     meta = {
         "record": rec.name,
         "run_digest": digest,
+        **({"source": source} if source else {}),
         "fs": rec.fs,
         "n_samples": rec.n_samples,
         "lead": rec.lead,
@@ -221,7 +225,7 @@ def build_manifest(
             "record", "fs", "n_samples", "lead", "notes", "beat_source", "annotated_beats", "beats_found",
             "n_beats", "n_dropped", "dropped", "n_tokens", "label_counts", "rhythm_counts", "detector",
             "inputs", "outputs",
-        )}
+        )} | ({"source": m["source"]} if m.get("source") else {})
         for m in metas
     ]
     return {

@@ -147,7 +147,7 @@ def test_eval_builds_test_prompts_with_every_key_of_the_runs_dataset(tmp_path):
                 normalized_rr=32, normalize_amplitude=True, beat_samples=64, classes=["N", "V"])
     cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
                                         "augment": True, **keys}})
-    kind, ds, train, _ = ev._test_dataset(cfg, tk, "DS2")
+    kind, ds, train, _, _ = ev._test_dataset(cfg, tk, "DS2")
     # built by hand: every prompt key of the run, augmentation off, every DS2 beat once
     prompt = BeatPromptOptions(**{k: keys[k] for k in ("context_beats", "normalized_rr", "normalize_amplitude",
                                                          "beat_samples")})
@@ -175,7 +175,7 @@ def test_random_split_evaluates_the_held_out_beats_of_the_runs_own_records(tmp_p
                 context_beats=4, balance=None)
     cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
                                         **keys}})
-    _, ds, train_records, test_records = ev._test_dataset(cfg, tk, "DS2")
+    _, ds, train_records, test_records, _ = ev._test_dataset(cfg, tk, "DS2")
     assert train_records == test_records and sorted(train_records) == sorted(mine)
     assert {ds.record_of(k) for k in range(len(ds))} == set(mine)
     trained = ecg_beat_classification_dataset(tk, **keys)
@@ -262,7 +262,7 @@ def test_target_rr_ratio_is_the_beats_interval_over_its_running_median(tmp_path)
     cfg = OmegaConf.create({"dataset": {"_component_": "hlmtune.data_builders.ecg_beat_classification_dataset",
                                         "shards_dir": str(info["shards"]), "split_file": str(info["split_file"]),
                                         "context_beats": 4, "normalized_rr": median_beats, "beat_samples": 64}})
-    _, ds, _, _ = ev._test_dataset(cfg, tk, "DS2")
+    _, ds, _, _, _ = ev._test_dataset(cfg, tk, "DS2")
     ks = list(range(0, len(ds), 7))
     got = [ds.example(k).rr_ratio for k in ks]  # what eval's timing table reads
     edges = rr_edges(ds.vocab.params)

@@ -241,7 +241,7 @@ def test_ensemble_predicts_the_class_of_highest_mean_log_probability(shards, lor
 
     other = _member(lora_run, tmp_path / "seed1", noise=2.0)
     cfg = ev.load_run_config(str(lora_run), [])
-    _, ds, _, _ = ev._test_dataset(cfg, config.instantiate(cfg.tokenizer), "DS2")
+    _, ds, _, _, _ = ev._test_dataset(cfg, config.instantiate(cfg.tokenizer), "DS2")
     classes = list(ds.classes)
     bias = [0.0, 1.5, -0.75, 0.5, 0.25][: len(classes)]
     calibration = tmp_path / "calibration.json"

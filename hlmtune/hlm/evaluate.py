@@ -33,7 +33,7 @@ import io
 import json
 import sys
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 # Figures and report rendering live in their own modules; their names are importable from here too.
@@ -258,13 +258,40 @@ def check_hlm_run(cfg: Any, run: str) -> None:
                      f"{', '.join(EVAL_BUILDERS)}")
 
 
-def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Dict[str, Any]] = None):
+def _detector_test_set(tokenizer: Any, comp: str, section: Dict[str, Any], test_manifest: Dict[str, Any],
+                       test: Sequence[str], out: Path, detector: str) -> Tuple[Any, Any]:
+    """(test dataset of detected beats, their :class:`~hlmtune.hlm.detection.Matching`) for ``--beats detector``."""
+    from hlmtune.data_builders import ecg as builders
+    from hlmtune.ecg_tokenizer import splits as sp
+    from hlmtune.ecg_tokenizer.detector import MATCH_WINDOW_S
+    from hlmtune.ecg_tokenizer.shards import read_manifest
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams, Vocabulary
+    from hlmtune.hlm import detection
+
+    if builders.BEAT_BUILDERS.get(comp) != "beat":
+        raise ValueError(f"--beats detector scores per-beat prompts; this run's dataset is {comp}")
+    det = read_manifest(detection.detector_shards(test_manifest, test, out, detector=detector))
+    vocab = Vocabulary(TokenizerParams.from_dict(det["params"]))
+    classes = list(section.get("classes") or vocab.classes[:-1])
+    class_ids = [vocab.classes.index(c) for c in classes]
+    matching = detection.detector_matching(test_manifest, det, class_ids=class_ids, placeholder=class_ids[0],
+                                           label_mode=vocab.params.label_mode, window_s=MATCH_WINDOW_S)
+    section = {**section, "shards_dir": det["_dir"], "split_file": None, "extra_records": None}
+    d = builders.beat_test_dataset(tokenizer, comp, section, split=sp.TEST, records=list(test), labels=matching.labels)
+    # class ids of the vocabulary -> indices of the run's classes
+    matching.missed = [(r, classes.index(vocab.classes[c])) for r, c in matching.missed]
+    return d, matching
+
+
+def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Dict[str, Any]] = None,
+                  detector: Optional[str] = None, out: Optional[Path] = None):
     """(kind, test dataset, training records, test records) built from the run's dataset section.
 
     The training records are those the run's section names (its split or ``records``, and
     ``extra_records``); they must meet no test record, by id or by signal, and neither may the
     records of any run its weights come from. ``external`` (:func:`external_test_shards`) tests
-    on another folder's records instead of ``split``.
+    on another folder's records instead of ``split``; ``detector`` (``gqrs`` / ``xqrs``) tests on
+    the beats that detector finds in them (a sixth element: the matching; else None).
     """
     from omegaconf import OmegaConf
 
@@ -288,9 +315,12 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Di
                 **builders.signal_digests(external["manifest"])}
         sp.check_disjoint(train_records, test, digests=both, what="run")
         check_base_models(cfg, test)
+        if detector:
+            d, matching = _detector_test_set(tokenizer, comp, ds, external["manifest"], test, out, detector)
+            return "beat", d, train_records, test, matching
         section = {**ds, "shards_dir": str(external["shards"]), "split_file": None, "extra_records": None}
         d = builders.beat_test_dataset(tokenizer, comp, section, split=sp.TEST, records=test)
-        return builders.BEAT_BUILDERS[comp], d, train_records, test
+        return builders.BEAT_BUILDERS[comp], d, train_records, test, None
     if train_split == sp.RANDOM:
         test_split = sp.RANDOM  # the held-out beats of the same records
         test = train_records
@@ -300,12 +330,17 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Di
                                   evaluation=True)
         sp.check_disjoint(train_records, test, digests=digests)
         check_base_models(cfg, test)
+    if detector:
+        if test_split == sp.RANDOM:
+            raise sp.SplitError("--beats detector: split 'random' holds out annotated beats, not recordings")
+        d, matching = _detector_test_set(tokenizer, comp, ds, manifest, test, out, detector)
+        return "beat", d, train_records, list(test), matching
     if comp in builders.BEAT_BUILDERS:
         # Under the random split the held-out beats are those of the run's own records (an
         # explicit `records` list included); otherwise the records are the test split's.
         recs = ds.get("records") if test_split == sp.RANDOM else None
         d = builders.beat_test_dataset(tokenizer, comp, ds, split=test_split, records=recs)
-        return builders.BEAT_BUILDERS[comp], d, train_records, list(test)
+        return builders.BEAT_BUILDERS[comp], d, train_records, list(test), None
     if comp == "ecg_af_dataset":
         if train_split == sp.RANDOM:  # the builder refuses it too: no held-out AF segments
             raise sp.SplitError("ecg_af_dataset: split 'random' holds out beats, not AF segments; "
@@ -313,7 +348,7 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Di
         recs = test
         d = builders.ECGAFDataset(manifest, recs, segment_beats=ds.get("segment_beats", 41),
                                   stride_beats=ds.get("stride_beats"), balance=None, num_examples=None, seed=0)
-        return "af", d, train_records, list(recs)
+        return "af", d, train_records, list(recs), None
     raise ValueError(f"hlmtune eval evaluates the HLM's classification datasets; the config's dataset is {comp}")
 
 
@@ -400,7 +435,7 @@ def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, spli
     from omegaconf import OmegaConf
     from torchtune import config
 
-    mkind, mds, mtrain, _ = _test_dataset(member_cfg, config.instantiate(member_cfg.tokenizer), split)
+    mkind, mds, mtrain, _, _ = _test_dataset(member_cfg, config.instantiate(member_cfg.tokenizer), split)
 
     def probe(d: Any, k: int) -> List[int]:
         return list(d.window(k)[0]) if kind == "stream" else list(d.prompt(k))
@@ -426,7 +461,7 @@ def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, spli
 
 
 @dataclass
-class TestSet:
+class EvalSet:
     """The prompts of an evaluation and what each classified beat (or segment) is.
 
     Attributes:
@@ -441,6 +476,10 @@ class TestSet:
         n (int): classified beats evaluated.
         n_total (int): classified beats of the whole test set.
         beats_per_prompt (int): classified beats per prompt (1; windows: ``K - context``).
+        missed (List[Tuple[str, int]]): detector mode: (record, class index) of every reference
+            beat no detection found; scored as predicted "no beat".
+        no_beat (bool): detector mode: index ``len(classes)`` is "no beat" (the truth of an extra
+            detection, the prediction of a missed beat).
     """
 
     kind: str
@@ -454,9 +493,11 @@ class TestSet:
     n: int = 0
     n_total: int = 0
     beats_per_prompt: int = 1
+    missed: List[Tuple[str, int]] = field(default_factory=list)
+    no_beat: bool = False
 
 
-def collect_prompts(kind: str, ds: Any, max_examples: Optional[int]) -> TestSet:
+def collect_prompts(kind: str, ds: Any, max_examples: Optional[int]) -> EvalSet:
     """Stage 1: the test set's prompts, truths and records (the first ``max_examples`` only).
 
     Args:
@@ -465,7 +506,7 @@ def collect_prompts(kind: str, ds: Any, max_examples: Optional[int]) -> TestSet:
         max_examples (Optional[int]): smoke runs: stop after this many classified beats.
 
     Returns:
-        TestSet: what the scoring stage reads.
+        EvalSet: what the scoring stage reads.
     """
     if kind == "stream":  # windows of consecutive beats, several classified beats each
         prompts, positions, truth, records = [], [], [], []
@@ -479,31 +520,52 @@ def collect_prompts(kind: str, ds: Any, max_examples: Optional[int]) -> TestSet:
             truth.extend(cls)
             records.extend([ds.record_of(k)] * len(cls))
         v = ds.vocab
-        return TestSet("beat", list(ds.classes), [v.label_base + v.classes.index(c) for c in ds.classes], prompts,
+        return EvalSet("beat", list(ds.classes), [v.label_base + v.classes.index(c) for c in ds.classes], prompts,
                        truth, records, positions=positions, n=len(truth), n_total=n_total,
                        beats_per_prompt=max(1, ds.k - ds.context_beats))
     n_total = len(ds)
     n = n_total if max_examples is None else min(n_total, int(max_examples))
     records = [ds.record_of(k) for k in range(n)]
     if kind == "af":
-        return TestSet("af", ["AF", "not AF"], [ds.yes_id, ds.no_id], [ds.prompt(k) for k in range(n)],
+        return EvalSet("af", ["AF", "not AF"], [ds.yes_id, ds.no_id], [ds.prompt(k) for k in range(n)],
                        [0 if ds.is_af(k) else 1 for k in range(n)], records, n=n, n_total=n_total)
     examples = [ds.example(k) for k in range(n)]  # the prompt owner records the target's RR
     classes, v = list(ds.classes), ds.vocab
-    return TestSet("beat", classes, [v.label_base + v.classes.index(c) for c in classes], [x.tokens for x in examples],
+    return EvalSet("beat", classes, [v.label_base + v.classes.index(c) for c in classes], [x.tokens for x in examples],
                    [classes.index(ds.label_of(k)) for k in range(n)], records,
                    ratios=[float(x.rr_ratio) for x in examples] if getattr(ds, "normalized_rr", False) else None,
                    n=n, n_total=n_total)
 
 
-def result_row(test: TestSet, pred: Sequence[int], **extra: Any) -> Dict[str, Any]:
-    """One row of ``metrics.json``'s results: the figures of ``pred``, per record and by timing."""
-    m = confusion_matrix(test.truth, pred, len(test.classes))
+def apply_matching(test: EvalSet, ds: Any, matching: Any, *, complete: bool) -> None:
+    """Detector mode: extra detections score as true "no beat"; missed reference beats join as
+    predicted "no beat" (all of them, or none in a smoke run of the first examples)."""
+    c = len(test.classes)
+    for k in range(test.n):
+        e = int(ds.index[k])
+        if matching.extra[ds.record_of(k)][int(ds.beat[e])]:
+            test.truth[k] = c
+    test.missed = list(matching.missed) if complete else []
+    test.no_beat = True
+
+
+def result_row(test: EvalSet, pred: Sequence[int], **extra: Any) -> Dict[str, Any]:
+    """One row of ``metrics.json``'s results: the figures of ``pred``, per record and by timing.
+
+    In detector mode the missed reference beats join as predicted "no beat" (index ``C``).
+    """
+    c = len(test.classes)
+    size = c + 1 if test.no_beat else c
+    truth = [*test.truth, *(k for _, k in test.missed)]
+    pred = [*pred, *([c] * len(test.missed))]
+    records = [*test.records, *(r for r, _ in test.missed)]
+    m = confusion_matrix(truth, pred, size)
     r = summarize(m, test.classes)
     r.update({"confusion": m, "classes": test.classes, **extra,
-              "per_record": per_record(test.truth, pred, test.records, test.classes)})
+              "per_record": per_record(truth, pred, records, test.classes, size=size)})
     if test.ratios is not None:
-        r["by_timing"] = by_timing(test.truth, pred, test.ratios, test.classes)
+        ratios = [*test.ratios, *([float("nan")] * len(test.missed))]
+        r["by_timing"] = by_timing(truth, pred, ratios, test.classes, size=size)
     return r
 
 
@@ -527,7 +589,7 @@ def models_to_score(cfg: Any, members: Sequence[Tuple[Path, Any]], *, quantized:
     return models
 
 
-def score(models: Sequence[Tuple[str, Path, Any, bool, Any]], test: TestSet, *, batch_size: int,
+def score(models: Sequence[Tuple[str, Path, Any, bool, Any]], test: EvalSet, *, batch_size: int,
           compile: bool) -> Tuple[Dict[str, Dict[str, Any]], List[Any]]:
     """Stage 3: every model's predictions; (result rows by name, (Q, C) class log-probabilities per model)."""
     results: Dict[str, Dict[str, Any]] = {}
@@ -550,7 +612,7 @@ def score(models: Sequence[Tuple[str, Path, Any, bool, Any]], test: TestSet, *, 
     return results, logprobs
 
 
-def combine(results: Dict[str, Dict[str, Any]], logprobs: List[Any], test: TestSet, *, ensemble: bool,
+def combine(results: Dict[str, Dict[str, Any]], logprobs: List[Any], test: EvalSet, *, ensemble: bool,
             bias: Any, calibration: Optional[Path]) -> Tuple[Dict[str, Dict[str, Any]], List[Any], Optional[str]]:
     """Stage 4: the ensemble's row (mean log-probability) and the calibrated row, each put first.
 
@@ -580,7 +642,7 @@ def combine(results: Dict[str, Dict[str, Any]], logprobs: List[Any], test: TestS
     return results, rows, calibrated
 
 
-def write_outputs(out: Path, metrics: Dict[str, Any], test: TestSet, rows: List[Any], *, title: str,
+def write_outputs(out: Path, metrics: Dict[str, Any], test: EvalSet, rows: List[Any], *, title: str,
                   model_runs: Sequence[Path]) -> None:
     """Stage 5: ``predictions.npz``, ``metrics.json``, ``confusion.csv`` / ``.png`` and ``report.md`` (atomic writes)."""
     import numpy as np
@@ -600,11 +662,12 @@ def write_outputs(out: Path, metrics: Dict[str, Any], test: TestSet, rows: List[
     atomic_write_bytes(out / "metrics.json", (json.dumps(metrics, indent=1, sort_keys=True) + "\n").encode())
     text = io.StringIO()
     w = csv.writer(text)
-    w.writerow(["true \\ predicted", *test.classes])
-    for c, row in zip(test.classes, first["confusion"]):
+    labels = [*test.classes, *(["no beat"] if test.no_beat else [])]  # detector mode: missed / extra beats
+    w.writerow(["true \\ predicted", *labels])
+    for c, row in zip(labels, first["confusion"]):
         w.writerow([c, *row])
     atomic_write_bytes(out / "confusion.csv", text.getvalue().encode())
-    plot_confusion(first["confusion"], test.classes, out / "confusion.png", metrics["notice"][:90])
+    plot_confusion(first["confusion"], labels, out / "confusion.png", metrics["notice"][:90])
     atomic_write_bytes(out / "report.md", eval_report_markdown(metrics, title=title, model_runs=model_runs).encode())
 
 
@@ -612,7 +675,8 @@ def evaluate(
     cfg: Any, *, split: str = "DS2", batch_size: int = 256, out_dir: Optional[Path] = None,
     quantized: bool = False, ptq_run: Optional[Path] = None, max_examples: Optional[int] = None,
     compile: bool = False, ensemble: Sequence[Path] = (), overrides: Sequence[str] = (),
-    calibration: Optional[Path] = None, test_records: Optional[Path] = None,
+    calibration: Optional[Path] = None, test_records: Optional[Path] = None, beats: str = "annotations",
+    detector: str = "gqrs",
 ) -> Dict[str, Any]:
     """Evaluate a trained HLM run and write its report: a driver over the stages above.
 
@@ -638,6 +702,10 @@ def evaluate(
             a test record): ``argmax(log p + bias)`` is reported first, the uncalibrated rows after.
         test_records (Optional[Path]): a WFDB folder to test on instead of ``split``: every
             beat-annotated record, at any sampling rate (:func:`external_test_shards`).
+        beats (str): ``annotations`` (the reference annotations' R-peak positions, as the
+            published baselines) or ``detector`` (the beats ``detector`` finds, matched to the
+            reference beats within 150 ms: :mod:`hlmtune.hlm.detection`).
+        detector (str): ``gqrs`` (the tokenizer's) or ``xqrs`` (wfdb's) for ``beats: detector``.
 
     Returns:
         Dict[str, Any]: what ``metrics.json`` holds.
@@ -655,10 +723,15 @@ def evaluate(
     out = Path(out_dir) if out_dir is not None else Path(cfg.output_dir) / "eval"
     tokenizer = config.instantiate(cfg.tokenizer)
     external = external_test_shards(cfg, Path(test_records), out) if test_records is not None else None
-    kind, ds, train_records, test_ids = _test_dataset(cfg, tokenizer, split, external=external)
+    if beats not in ("annotations", "detector"):
+        raise ValueError(f"--beats must be annotations or detector, got {beats!r}")
+    kind, ds, train_records, test_ids, matching = _test_dataset(
+        cfg, tokenizer, split, external=external, detector=detector if beats == "detector" else None, out=out)
     for d, mcfg in members:
         train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
     test = collect_prompts(kind, ds, max_examples)
+    if matching is not None:
+        apply_matching(test, ds, matching, complete=max_examples is None)
     bias = None
     if calibration is not None:  # checked before any model runs: a bad file fails at once
         from hlmtune.hlm.calibrate import load_calibration
@@ -678,6 +751,9 @@ def evaluate(
         f"({trained_on(train_records, test_ids, split_file=cfg.dataset.get('split_file'))}), tested on {tested}"
     )
     subset = f"; first {test.n} of {test.n_total} test examples only (smoke run)" if test.n < test.n_total else ""
+    positions = ("beats found by the {} QRS detector, matched to the reference beats within 150 ms".format(detector)
+                 if matching is not None else "beats at the reference annotations' R-peak positions")
+    notice = f"{notice}; {positions}"
     metrics = {
         "split_kind": "random_beats" if random_split else "inter_patient",
         "notice": notice + subset,
@@ -699,6 +775,7 @@ def evaluate(
     }
     if external:
         metrics["test_records_dropped"] = external["dropped"]
+    metrics["beats"] = {"positions": beats, **({"detector": detector, **matching.detector} if matching else {})}
     if test.kind == "af":
         for r in results.values():
             r["af_f1"] = r["per_class"]["AF"]["f1"]
@@ -815,6 +892,12 @@ def register(subparsers: Any) -> None:
                    help="test on every beat-annotated record of a WFDB folder (its RECORDS file, else every record "
                         "with an .atr; any sampling rate) instead of --split; records the run, or a run its weights "
                         "come from, trained on are refused (by id and by signal)")
+    p.add_argument("--beats", choices=("annotations", "detector"), default="annotations",
+                   help="where the test beats are: the reference annotations' R-peak positions (as the published "
+                        "baselines) or where a QRS detector finds them, matched to the reference beats within 150 ms "
+                        "(a missed beat is a false negative of its class, an extra detection a false positive)")
+    p.add_argument("--detector", choices=("gqrs", "xqrs"), default="gqrs",
+                   help="the QRS detector of --beats detector (gqrs: the tokenizer's; xqrs: wfdb's)")
     p.set_defaults(func=_main)
 
 
@@ -965,7 +1048,8 @@ def _main(args: argparse.Namespace) -> int:
         metrics = evaluate(cfg, split=args.split, batch_size=args.batch_size, out_dir=args.out,
                            quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples,
                            compile=args.compile, ensemble=ensemble, overrides=args.overrides,
-                           calibration=args.calibration, test_records=args.test_records)
+                           calibration=args.calibration, test_records=args.test_records, beats=args.beats,
+                           detector=args.detector)
     except (FileNotFoundError, SplitError, ValueError, RuntimeError) as e:
         print(f"hlmtune eval: {e}", file=sys.stderr)
         return 2

@@ -21,14 +21,15 @@ def confusion_matrix(truth: Sequence[int], pred: Sequence[int], n: int) -> List[
 def class_metrics(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Dict[str, Optional[float]]]:
     """Se, +P, F1 and support per class from a confusion matrix (None where undefined).
 
-    Se = TP / (TP + FN), +P = TP / (TP + FP), F1 = 2 Se +P / (Se + +P).
+    Se = TP / (TP + FN), +P = TP / (TP + FP), F1 = 2 Se +P / (Se + +P). ``m`` may have one more
+    row and column than ``classes`` ("no beat", detector mode): a reference beat found by no
+    detection is a false negative of its class, a detection of no reference beat a false positive.
     """
     out: Dict[str, Dict[str, Optional[float]]] = {}
-    n = len(classes)
     for k, c in enumerate(classes):
         tp = m[k][k]
         fn = sum(m[k]) - tp
-        fp = sum(m[t][k] for t in range(n)) - tp
+        fp = sum(m[t][k] for t in range(len(m))) - tp
         se = tp / (tp + fn) if tp + fn else None
         ppv = tp / (tp + fp) if tp + fp else None
         f1 = 2 * se * ppv / (se + ppv) if se is not None and ppv is not None and se + ppv > 0 else (0.0 if se is not None else None)
@@ -37,7 +38,7 @@ def class_metrics(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Dict[
 
 
 def summarize(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Any]:
-    """Per-class metrics, macro-F1 over classes with test beats, accuracy."""
+    """Per-class metrics, macro-F1 over classes with test beats, accuracy (over every row of ``m``)."""
     per = class_metrics(m, classes)
     f1s = [v["f1"] for v in per.values() if v["support"] and v["f1"] is not None]
     total = sum(map(sum, m))
@@ -50,7 +51,7 @@ def summarize(m: List[List[int]], classes: Sequence[str]) -> Dict[str, Any]:
 
 
 def per_record(truth: Sequence[int], pred: Sequence[int], records: Sequence[str],
-               classes: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+               classes: Sequence[str], size: Optional[int] = None) -> Dict[str, Dict[str, Any]]:
     """:func:`summarize` (and the confusion matrix) of each record's beats on its own.
 
     Inter-patient results hinge on a few patients (one DS2 record can hold most of a class's
@@ -61,6 +62,8 @@ def per_record(truth: Sequence[int], pred: Sequence[int], records: Sequence[str]
         pred (Sequence[int]): predicted class index per test example.
         records (Sequence[str]): the record (patient) of each test example.
         classes (Sequence[str]): class names, in index order.
+        size (Optional[int]): rows of the confusion matrices (default ``len(classes)``; one more
+            for the "no beat" row and column of detector mode).
 
     Returns:
         Dict[str, Dict[str, Any]]: per record, in order of first appearance: ``per_class``,
@@ -73,7 +76,7 @@ def per_record(truth: Sequence[int], pred: Sequence[int], records: Sequence[str]
         rows.setdefault(str(r), []).append(k)
     out: Dict[str, Dict[str, Any]] = {}
     for r, ks in rows.items():
-        m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
+        m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], size or len(classes))
         out[r] = {**summarize(m, classes), "confusion": m}
     return out
 
@@ -92,7 +95,7 @@ def _timing(ratio: float, threshold: float) -> str:
 
 
 def by_timing(truth: Sequence[int], pred: Sequence[int], ratio: Sequence[float], classes: Sequence[str],
-              threshold: float = PREMATURE_RATIO) -> Dict[str, Dict[str, Any]]:
+              threshold: float = PREMATURE_RATIO, size: Optional[int] = None) -> Dict[str, Dict[str, Any]]:
     """:func:`summarize` of the test beats split by their timing: premature, on time, unknown.
 
     An S beat is by definition a normally conducted beat that comes early; how many of the test
@@ -105,6 +108,7 @@ def by_timing(truth: Sequence[int], pred: Sequence[int], ratio: Sequence[float],
         ratio (Sequence[float]): each example's RR relative to its running median (NaN: unknown).
         classes (Sequence[str]): class names, in index order.
         threshold (float): ratios below it are premature.
+        size (Optional[int]): rows of the confusion matrices (see :func:`per_record`).
 
     Returns:
         Dict[str, Dict[str, Any]]: per bucket with beats (``premature``: ratio < threshold,
@@ -116,6 +120,6 @@ def by_timing(truth: Sequence[int], pred: Sequence[int], ratio: Sequence[float],
     for bucket in TIMING_BUCKETS:
         ks = [k for k, x in enumerate(ratio) if _timing(x, threshold) == bucket]
         if ks:
-            m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
+            m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], size or len(classes))
             out[bucket] = {**summarize(m, classes), "confusion": m}
     return out
