@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent  # benchmarks/: peers.py lives here, not in the installed package
 sys.path.insert(0, str(ROOT))
 PY = sys.executable
 HLMTUNE = str(Path(PY).with_name("hlmtune"))
@@ -114,7 +115,7 @@ def summarize(steps: List[Dict[str, float]], warmup: int, tokens_per_step: float
 
 def build_rows(args, work: Path, assets: Dict[str, object]) -> Path:
     """Write the shared row file (real alpaca rows when available, else synthetic)."""
-    from hlmtune.peers import dpo_rows_from_sft, sft_rows_from_text, synthetic_sft_rows, write_rows
+    from peers import dpo_rows_from_sft, sft_rows_from_text, synthetic_sft_rows, write_rows
 
     n = args.batch_size * args.steps + 1
     data_file = Path(args.data or "", "alpaca_cleaned.jsonl")
@@ -135,7 +136,7 @@ def build_rows(args, work: Path, assets: Dict[str, object]) -> Path:
 
 def tokens_per_step(rows_path: Path, batch: int, steps: int, dpo: bool) -> float:
     """Tokens one step processes: target tokens (SFT, after the shift) or all tokens (DPO)."""
-    from hlmtune.peers import IGNORE_INDEX, read_rows
+    from peers import IGNORE_INDEX, read_rows
 
     a = read_rows(rows_path)
     n = batch * steps
@@ -161,7 +162,7 @@ def write_config(args, work: Path, assets: Dict[str, object], rows: Path) -> Pat
     if args.recipe == "qlora":
         m.quantize_base = True
     cfg.tokenizer.max_seq_len = args.seq_len
-    cfg.dataset = {"_component_": "hlmtune.peers.token_rows_dataset", "path": str(rows)}
+    cfg.dataset = {"_component_": "peers.token_rows_dataset", "path": str(rows)}  # benchmarks/ is on PYTHONPATH
     cfg.shuffle = False
     cfg.batch_size = args.batch_size
     cfg.epochs = 1
@@ -212,7 +213,7 @@ def ecg_setup(args, work: Path) -> List[str]:
 
 def shipped_defaults(args) -> tuple:
     """Overrides (``key=value``) for the pack and for torchtune under --pack-defaults / --peer-defaults."""
-    from hlmtune.peers import SHIPPED_CONFIGS, shipped_knobs, torchtune_config_file
+    from peers import SHIPPED_CONFIGS, shipped_knobs, torchtune_config_file
 
     if args.ecg:
         return [], []
@@ -271,7 +272,9 @@ def main() -> None:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="hlm_peers_"))
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    # benchmarks/ on the path: the pack's ranks import the peers' row dataset (peers.py) from here
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
+               TOKENIZERS_PARALLELISM="false")
     pack_recipe, tt_recipe, trl_kind, _ = RECIPES[args.recipe]
     runs: Dict[str, List[str]] = {}
     trl_cmd: Optional[List[str]] = None
@@ -309,7 +312,7 @@ def main() -> None:
                 print(f"trl: skipped: {why}", flush=True)
                 wanted.remove("trl")
             else:
-                trl_cmd = [PY, "-m", "hlmtune.peers", "trl", "--kind", trl_kind, "--model-dir", str(assets["model_dir"]),
+                trl_cmd = [PY, str(HERE / "peers.py"), "trl", "--kind", trl_kind, "--model-dir", str(assets["model_dir"]),
                            "--rows", str(rows), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                            "--lr", str(args.lr), "--lora-rank", str(args.lora_rank),
                            "--lora-alpha", str(2 * args.lora_rank), "--targets", "q_proj,v_proj"]
@@ -331,7 +334,7 @@ def main() -> None:
           flush=True)
     print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at start; work dir {work}", flush=True)
 
-    from hlmtune.peers import peak_rss_gib_of
+    from peers import peak_rss_gib_of
 
     names = list(runs)
     results: Dict[str, List[Dict[str, float]]] = {n: [] for n in names}

@@ -283,3 +283,29 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_cv_folds_are_patient_wise_over_both_databases(mitdb_dir, tmp_path):
+    """DS1 and svdb patients fold together (ids with their database), each patient in one fold,
+    the S-rich ones spread; a fold's WFDB folder keeps the ids, so its shards name both databases."""
+    from hlm_fixtures import svdb_style_folder
+    from hlmtune.ecg_tokenizer.pipeline import RecordSource, tokenize_sources
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+    from hlmtune.hlm.cv import _fold_db, record_class_counts, training_pool
+
+    ds1 = sorted(p.stem for p in mitdb_dir.glob("*.hea"))[:4]
+    svdb = svdb_style_folder(tmp_path / "svdb", names=("800", "802", "804", "806"), seconds=40)
+    pool = training_pool(mitdb_dir, ds1, svdb)
+    assert list(pool) == [f"mitdb/{r}" for r in ds1] + ["svdb/800", "svdb/802", "svdb/804", "svdb/806"]
+    assert training_pool(mitdb_dir, ds1, None) == {r: mitdb_dir / r for r in ds1}  # DS1 only: names as before
+    counts = record_class_counts(pool, list(pool))
+    assert sum(c["N"] + c["S"] + c["V"] for c in counts.values()) > 100
+    folds = make_folds(counts, 2)
+    assert sorted(r for f in folds for r in f) == sorted(pool)  # a partition: every patient in one fold
+    held, train = folds[0], folds[1]
+    d = _fold_db(pool, tmp_path / "fold1", train, held, synthetic=False)
+    assert json.loads((d / "splits.json").read_text()) == {"DS1": list(train), "DS2": list(held)}
+    s = tokenize_sources([RecordSource(d, None, [*train, *held])], tmp_path / "tok", params=TokenizerParams(),
+                         progress=False)
+    assert s.ok, s.format()
+    assert sorted(r["record"] for r in s.manifest["records"]) == sorted(pool)

@@ -51,8 +51,28 @@ def _say(msg: str) -> None:
     print(f"[hlmtune cv] {msg}", file=sys.stderr, flush=True)
 
 
-def record_class_counts(db: Path, records: Sequence[str]) -> Dict[str, Dict[str, int]]:
+def training_pool(db: Path, ds1: Sequence[str], extra_db: Optional[Path]) -> Dict[str, Path]:
+    """Every training patient of the cross-validation: record id -> its WFDB files (without extension).
+
+    Without extra patients the ids are DS1's names (``101``), as before svdb; with them every
+    id carries its database (``mitdb/101``, ``svdb/800``), so both fold over one pool.
+    """
+    from hlmtune.ecg_tokenizer.records import list_records
+
+    if extra_db is None:
+        return {r: db / r for r in ds1}
+    pool = {f"mitdb/{r}": db / r for r in ds1}
+    pool.update({f"svdb/{r}": Path(extra_db) / r for r in list_records(Path(extra_db))})
+    return pool
+
+
+def record_class_counts(db: Any, records: Sequence[str]) -> Dict[str, Dict[str, int]]:
     """AAMI class counts of each record's beat annotations (``.atr``).
+
+    Args:
+        db (Any): the records' folder, or a mapping record id -> WFDB files without extension
+            (:func:`training_pool`).
+        records (Sequence[str]): the records.
 
     Raises:
         FileNotFoundError: a record has no ``.atr`` file (cross-validation needs the labels).
@@ -62,16 +82,33 @@ def record_class_counts(db: Path, records: Sequence[str]) -> Dict[str, Dict[str,
 
     out = {}
     for r in records:
-        path = db / f"{r}.atr"
+        base = db[r] if isinstance(db, dict) else Path(db) / r
+        path = base.with_name(base.name + ".atr")
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no beat annotations; cross-validation needs every DS1 record's labels")
+            raise FileNotFoundError(f"{path}: no beat annotations; cross-validation needs every training record's labels")
         ann = read_mit_annotations(path)
         if ann is None:  # a construct the fast reader leaves to wfdb
             import wfdb
 
-            ann = wfdb.rdann(str(db / r), "atr")
+            ann = wfdb.rdann(str(base), "atr")
         counts = Counter(AAMI_MAP[s] for s in ann.symbol if s in AAMI_MAP)
         out[r] = {c: int(counts.get(c, 0)) for c in ("N", "S", "V", "F", "Q")}
+    return out
+
+
+def per_database(truth: Sequence[int], pred: Sequence[int], records: Sequence[str],
+                 classes: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """The pooled figures of each database's patients alone (``mitdb``, ``svdb``; bare ids: ``DS1``)."""
+    from hlmtune.ecg_tokenizer.splits import database_of
+    from hlmtune.hlm.evaluate import confusion_matrix, summarize
+
+    groups: Dict[str, List[int]] = {}
+    for k, r in enumerate(records):
+        groups.setdefault(database_of(str(r)) or "DS1", []).append(k)
+    out = {}
+    for name, ks in sorted(groups.items()):
+        m = confusion_matrix([truth[k] for k in ks], [pred[k] for k in ks], len(classes))
+        out[name] = {**summarize(m, classes), "confusion": m}
     return out
 
 
@@ -107,16 +144,23 @@ def make_folds(counts: Dict[str, Dict[str, int]], k: int) -> List[List[str]]:
     return [sorted(f) for f in folds]
 
 
-def _fold_db(db: Path, fold_dir: Path, train: Sequence[str], held_out: Sequence[str], synthetic: bool) -> Path:
-    """A WFDB folder of links to the fold's records with its ``splits.json`` (held-out = DS2)."""
+def _fold_db(pool: Dict[str, Path], fold_dir: Path, train: Sequence[str], held_out: Sequence[str],
+             synthetic: bool) -> Path:
+    """A WFDB folder of links to the fold's records with its ``splits.json`` (held-out = DS2).
+
+    A record id with a database (``svdb/800``) is linked under that subfolder, so the fold's
+    records keep their ids in its shards.
+    """
     from hlmtune._io import atomic_write_text
     from hlmtune.hlm.pipeline import SYNTHETIC_MARK
 
     d = fold_dir / "db"
     d.mkdir(parents=True, exist_ok=True)
     for r in [*train, *held_out]:
-        for src in db.glob(f"{r}.*"):
-            link = d / src.name
+        base = pool[r]
+        for src in base.parent.glob(f"{base.name}.*"):
+            link = d / r.rsplit("/", 1)[0] / src.name if "/" in r else d / src.name
+            link.parent.mkdir(parents=True, exist_ok=True)
             if link.is_symlink() and link.readlink() != src.resolve():
                 link.unlink()  # a copied job's link into the original (its synthetic records): its own now
             if not link.exists():
@@ -388,15 +432,18 @@ def run_cv(
     if split_file is None and (db / "splits.json").exists():
         split_file = db / "splits.json"
     ds1 = list(load_split_file(str(split_file) if split_file else None)["DS1"])  # refuses DS1/DS2 overlaps
-    counts = record_class_counts(db, ds1)
+    extra_db = find_svdb(svdb, mitdb=split_file is None)  # its patients fold beside DS1's
+    pool = training_pool(db, ds1, extra_db)
+    counts = record_class_counts(pool, list(pool))
     parts = make_folds(counts, folds)
     if base is not None:  # before any fold trains: a baseline of other folds is refused now, not in hours
         check_same_folds(parts, base, str(baseline))
-    _say(f"data: {described}; {len(ds1)} DS1 records in {folds} folds (DS2 is not read)")
+    if extra_db is not None:
+        described += f" + MIT-BIH Supraventricular ({extra_db}, {len(pool) - len(ds1)} records)"
+    _say(f"data: {described}; {len(pool)} training records in {folds} folds, S beats spread evenly (DS2 is not read)")
     atomic_write_text(out / "folds.json", json.dumps({"folds": parts, "counts": counts}, indent=1) + "\n")
     synthetic = (db / SYNTHETIC_MARK).exists()
-    extra_db = find_svdb(svdb, mitdb=split_file is None)  # every fold trains on it; none of it is held out
-    tokens = out / "tokens"  # one tokenization of the DS1 records serves every fold
+    tokens = out / "tokens"  # one tokenization of the training records serves every fold
 
     fold_truth: List[np.ndarray] = []
     fold_lp: List[np.ndarray] = []
@@ -406,13 +453,13 @@ def run_cv(
     fold_metrics: List[Dict[str, Any]] = []
     classes: List[str] = []
     for k, held in enumerate(parts):
-        train = [r for r in ds1 if r not in held]
+        train = [r for r in pool if r not in held]
         fold_dir = out / f"fold{k + 1}"
         _say(f"fold {k + 1} of {folds}: holding out {' '.join(held)}")
-        report = run_pipeline(out=fold_dir, data=str(_fold_db(db, fold_dir, train, held, synthetic)), nproc=nproc,
+        report = run_pipeline(out=fold_dir, data=str(_fold_db(pool, fold_dir, train, held, synthetic)), nproc=nproc,
                               pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                               seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval,
-                              force=force, tokens_dir=tokens, svdb=str(extra_db) if extra_db else None,
+                              force=force, tokens_dir=tokens, svdb=None,
                               finetune_overrides=finetune_overrides, job_root=out)
         pred = np.load(report.parent / "predictions.npz")
         classes = [str(c) for c in pred["classes"]]
@@ -453,9 +500,12 @@ def run_cv(
         "cv_macro_f1_nested_calibration": nested["macro_f1"],
         "cv_macro_f1_fitted_in_sample": fitted["macro_f1"],
     }
-    calibrate.write_calibration(out / "calibration.json", classes=classes, bias=bias, records=ds1,
+    calibrate.write_calibration(out / "calibration.json", classes=classes, bias=bias, records=list(pool),
                                 source=f"hlmtune cv: out-of-fold predictions of {folds}-fold CV on {described}",
                                 summary=summary)
+    if by_record is not None:
+        pooled["per_database"] = per_database(np.concatenate(fold_truth).tolist(), np.concatenate(fold_pred).tolist(),
+                                              np.concatenate(fold_records).tolist(), classes)
     doc = {"data": described, "classes": classes, "folds": rows, "pooled": pooled,
            "pooled_nested_calibration": nested, "pooled_fitted_in_sample": fitted,
            "class_bias": dict(zip(classes, map(float, bias))), **summary,
@@ -471,7 +521,7 @@ def run_cv(
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     f1_cells = lambda r: " | ".join(fmt(r["per_class"][c]["f1"]) for c in classes) + f" | {fmt(r['macro_f1'])} |"  # noqa: E731
     lines = [
-        f"**Patient-wise {folds}-fold cross-validation inside DS1 ({described}): every beat below is predicted by "
+        f"**Patient-wise {folds}-fold cross-validation over the training patients ({described}): every beat below is predicted by "
         "a model that never saw its patient. DS2 was not read. Not comparable to DS1 -> DS2 figures or the "
         "published DS2 baselines.**",
         "",
@@ -493,6 +543,8 @@ def run_cv(
         "",
         class_table(pooled, classes),
         "",
+        *[line for db_name, r in pooled.get("per_database", {}).items() if len(pooled["per_database"]) > 1
+          for line in (f"### Patients of {db_name} only", "", class_table(r, classes), "")],
         *(["## Ensemble members, pooled over the folds (one fine-tuning seed each)", "",
             "| member | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
             "|---|" + "---|" * len(classes) + "---|",

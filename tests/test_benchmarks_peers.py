@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hlmtune.peers import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # peers.py: not installed
+from peers import (  # noqa: E402
     IGNORE_INDEX,
     TokenRows,
     dpo_rows_from_sft,
@@ -96,7 +97,7 @@ def test_peak_rss_of_a_child_sees_its_allocation(tmp_path):
 
 
 def test_shipped_knobs_read_the_speed_settings_of_a_config(tmp_path):
-    from hlmtune.peers import SHIPPED_CONFIGS, shipped_knobs, torchtune_config_file
+    from peers import SHIPPED_CONFIGS, shipped_knobs, torchtune_config_file
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("enable_activation_checkpointing: True\nenable_activation_offloading: True\n"

@@ -121,7 +121,7 @@ def read_rows(path: str | os.PathLike) -> Dict[str, np.ndarray]:
     """
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such row file (written by hlmtune.peers.write_rows)")
+        raise FileNotFoundError(f"{p}: no such row file (written by peers.write_rows)")
     with np.load(p, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     if tuple(sorted(arrays)) not in (tuple(sorted(SFT_KEYS)), tuple(sorted(DPO_KEYS))):
@@ -161,7 +161,7 @@ class TokenRows:
 
 
 def token_rows_dataset(tokenizer: Any, path: str, packed: bool = False) -> TokenRows:
-    """Dataset builder for configs (``dataset._component_: hlmtune.peers.token_rows_dataset``).
+    """Dataset builder for configs (``dataset._component_: peers.token_rows_dataset``, with benchmarks/ on PYTHONPATH).
 
     Args:
         tokenizer (Any): passed by every recipe; unused (rows are already tokens).
@@ -443,12 +443,12 @@ def run_trl(*, kind: str, model_dir: str, rows: str, out: str, batch_size: int, 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m hlmtune.peers trl ...``: one TRL run of the benchmark, in its own process."""
-    ap = argparse.ArgumentParser(prog="python -m hlmtune.peers", description="one TRL + PEFT run of benchmarks/peer_throughput.py")
+    """``python benchmarks/peers.py trl ...``: one TRL run of the benchmark, in its own process."""
+    ap = argparse.ArgumentParser(prog="python benchmarks/peers.py", description="one TRL + PEFT run of benchmarks/peer_throughput.py")
     ap.add_argument("command", choices=["trl"], help="trl: train with TRL + PEFT on a row file")
     ap.add_argument("--kind", choices=["sft", "dpo"], required=True, help="SFTTrainer or DPOTrainer")
     ap.add_argument("--model-dir", required=True, help="HF-layout checkpoint folder")
-    ap.add_argument("--rows", required=True, help="row file (.npz) from hlmtune.peers.write_rows")
+    ap.add_argument("--rows", required=True, help="row file (.npz) from peers.write_rows")
     ap.add_argument("--out", required=True, help="steps JSONL to write")
     ap.add_argument("--batch-size", type=int, required=True, help="rows per optimizer step")
     ap.add_argument("--steps", type=int, required=True, help="optimizer steps")
