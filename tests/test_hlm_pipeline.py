@@ -59,7 +59,9 @@ def test_main_job_on_synthetic_ecg_writes_the_report_and_resumes(tmp_path):
     mine, jobs = np.load(tmp_path / "job_eval" / "predictions.npz"), np.load(out / "report" / "predictions.npz")
     n = jobs["logprobs"].shape[1]  # the job scored its first 96 beats (--max-eval), this every test beat
     assert list(mine["rows"]) == list(jobs["rows"]) and mine["logprobs"].shape[1] > n
-    assert np.array_equal(mine["logprobs"][:, :n], jobs["logprobs"])
+    # other batches (983 beats, not 96) pad differently: the same up to float rounding, the same calls
+    assert np.allclose(mine["logprobs"][:, :n], jobs["logprobs"], atol=1e-5)
+    assert np.array_equal(mine["logprobs"][0, :n].argmax(-1), jobs["logprobs"][0].argmax(-1))
     # a rerun keeps the trained stages and rebuilds the report; one seed is the first run alone
     proc = subprocess.run([HLMTUNE, "demo", "--out", str(out), *QUICK], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
