@@ -203,7 +203,7 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert doc["n_folds"] == 2 and [r["held_out"] for r in doc["folds"]] == folds  # each fold's row is kept
     # the fine-tunes drew the override's 48 examples (it follows --finetune-examples on their command line)
     assert doc["finetune_examples"] == 48 and "48 fine-tuning examples per fold" in (out / "report.md").read_text()
-    assert "on 48 DS1 examples" in proc.stderr
+    assert "on 48 training examples" in proc.stderr
     assert all(set(r["per_class"]) == set(doc["classes"]) for r in doc["folds"])
     truths, lps = [], []
     for k, held in enumerate(folds, start=1):

@@ -416,3 +416,60 @@ def test_pretrain_steps_beyond_an_epoch_overlap_the_windows(tmp_path):
         assert pretrain_schedule(100 * packed, tokens, split_file, nproc) == (128, densest)
     with pytest.raises(ValueError, match="--pretrain-steps must be >= 1"):
         pretrain_schedule(0, tokens, split_file, 1)
+
+
+def test_the_driver_runs_the_stages_in_order_on_stand_in_stages(tmp_path, monkeypatch):
+    """run_pipeline is a driver: data -> tokenize -> pretrain -> fine-tune -> evaluate -> report, each
+    stage handed what the one before produced."""
+    from hlmtune.hlm import pipeline as pl
+
+    calls = []
+    pre = pl.Trained([tmp_path / "p"], [1.0], [True], [0])
+    ft = pl.Trained([tmp_path / "f"], [2.0], [False], [0])
+    monkeypatch.setattr(pl, "stage_data", lambda job, **kw: calls.append(("data", kw["svdb"])))
+    monkeypatch.setattr(pl, "stage_tokenize", lambda job, **kw: calls.append(("tokenize", kw["tokens_dir"])))
+    monkeypatch.setattr(pl, "stage_pretrain", lambda job, **kw: calls.append(("pretrain", kw["steps"])) or pre)
+    monkeypatch.setattr(pl, "stage_finetune", lambda job, p, **kw: calls.append(("finetune", p is pre)) or ft)
+    monkeypatch.setattr(pl, "stage_evaluate",
+                        lambda job, f, **kw: calls.append(("evaluate", f is ft, kw["retrained"])) or {"m": 1})
+    monkeypatch.setattr(pl, "stage_report",
+                        lambda job, m, p, f, **kw: calls.append(("report", m, "total" in job.timings)) or tmp_path / "r")
+    got = pl.run_pipeline(out=tmp_path / "job", source="synthetic", pretrain_steps=7, svdb="none")
+    assert got == tmp_path / "r"
+    assert calls == [("data", "none"), ("tokenize", None), ("pretrain", 7), ("finetune", True),
+                     ("evaluate", True, True), ("report", {"m": 1}, True)]
+
+
+def test_stage_data_alone_names_the_data_and_svdb(tmp_path, monkeypatch):
+    from hlmtune.hlm import pipeline as pl
+
+    job = pl.Job(out=tmp_path, root=tmp_path, model="hlm_1m", nproc=1, force=False)
+    monkeypatch.delenv("HLM_DATA", raising=False)
+    pl.stage_data(job, data=None, source="synthetic", svdb="auto")
+    assert job.described.startswith("SYNTHETIC") and job.extra_db is None and job.split_file is not None
+    assert set(job.lists) == {"DS1", "DS2"} and "data" in job.timings
+    with pytest.raises(FileNotFoundError, match="--svdb .*no WFDB records"):
+        pl.stage_data(job, data=None, source="synthetic", svdb=str(tmp_path / "empty"))
+
+
+def test_stage_report_alone_writes_every_section(tmp_path):
+    from hlmtune.hlm import pipeline as pl
+    from hlmtune.hlm.evaluate import summarize
+
+    classes = ["N", "S"]
+    r = {**summarize([[5, 1], [0, 2]], classes), "confusion": [[5, 1], [0, 2]],
+         "per_record": {"mitdb/100": {**summarize([[5, 1], [0, 2]], classes)}}}
+    metrics = {"notice": "Inter-patient evaluation: stand-in", "results": {"HLM (this run)": r},
+               "row_order": ["HLM (this run)"], "result": "HLM (this run)", "classes": classes}
+    job = pl.Job(out=tmp_path, root=tmp_path, model="hlm_1m", nproc=2, force=False,
+                 described="MIT-BIH stand-in", timings={"data": 1.0, "total": 9.0})
+    empty = pl.Trained([tmp_path / "runs" / "pretrain"], [3.0], [True], [0])
+    ft = pl.Trained([tmp_path / "runs" / "lora"], [4.0], [False], [0])
+    path = pl.stage_report(job, metrics, empty, ft, calibration=None)
+    text = path.read_text()
+    assert text.startswith("**Inter-patient evaluation: stand-in**")
+    for section in ("## Results on the test split", "## Beside the published inter-patient baselines",
+                    "de Chazal et al. 2004", "## Per record", "| mitdb/100 |", "## Training", "## Wall time (s)",
+                    "data 1 | total 9"):
+        assert section in text, section
+    assert json.loads((tmp_path / "report" / "timings.json").read_text()) == {"data": 1.0, "total": 9.0}

@@ -36,8 +36,9 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -411,23 +412,82 @@ def run_cv(
             with MIT-BIH data; a folder; None / ``none``), as ``hlmtune demo --svdb``; never held out.
     """
     from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
-    from hlmtune.ecg_tokenizer.splits import load_split_file
+    from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
     from hlmtune.hlm import calibrate
-    from hlmtune.hlm.evaluate import (
-        RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, by_timing, class_table, headline, per_record, record_table,
-        timing_table,
-    )
-    from hlmtune.hlm.pipeline import SYNTHETIC_MARK, examples_trained, find_data, find_svdb, run_pipeline
+    from hlmtune.hlm.pipeline import examples_trained
+    from hlmtune.hlm.report import cv_report_markdown
 
     _check_overrides(finetune_overrides)
-    examples = examples_trained(finetune_examples, finetune_overrides)  # what the fine-tunes draw, for the report
-    from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
-
     if calibrate_classes and not set(calibrate_classes) <= set(AAMI_CLASSES):
         raise ValueError(f"--calibrate-classes: AAMI classes are {' '.join(AAMI_CLASSES)}, got {' '.join(calibrate_classes)}")
     base = read_baseline(Path(baseline)) if baseline is not None else None
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
+    setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline)
+    job = dict(nproc=nproc, pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
+               seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval, force=force,
+               finetune_overrides=finetune_overrides)
+    res = run_folds(setup, out, **job)
+    summary = {
+        # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
+        "n_folds": folds, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
+        "finetune_examples": examples_trained(finetune_examples, finetune_overrides), "model": model,
+        "finetune_overrides": list(finetune_overrides),
+        "calibrate_classes": list(calibrate_classes) if calibrate_classes else list(res.classes),
+    }
+    doc, bias = pool_folds(res, calibrate_classes=calibrate_classes)
+    doc = {"data": setup.described, "classes": res.classes, "folds": res.rows, **doc, **summary,
+           "cv_macro_f1_uncalibrated": doc["pooled"]["macro_f1"],
+           "cv_macro_f1_nested_calibration": doc["pooled_nested_calibration"]["macro_f1"],
+           "cv_macro_f1_fitted_in_sample": doc["pooled_fitted_in_sample"]["macro_f1"],
+           "wall_s": time.perf_counter() - t0}
+    calibrate.write_calibration(out / "calibration.json", classes=res.classes, bias=bias, records=list(setup.pool),
+                                source=f"hlmtune cv: out-of-fold predictions of {folds}-fold CV on {setup.described}",
+                                summary={k: doc[k] for k in (*summary, "cv_macro_f1_uncalibrated",
+                                                             "cv_macro_f1_nested_calibration",
+                                                             "cv_macro_f1_fitted_in_sample")})
+    members = pooled_members(res.metrics, res.classes)
+    if members:
+        doc["pooled_members"] = members
+    cmp = compare_to_baseline(doc, base, str(baseline)) if base is not None else None
+    if cmp is not None:
+        doc["baseline"] = cmp
+    atomic_write_bytes(out / "cv_metrics.json", (json.dumps(doc, indent=1) + "\n").encode())
+    atomic_write_text(out / "report.md", cv_report_markdown(doc, members=members, baseline=baseline_lines(cmp) if cmp is not None else []))
+    return out / "report.md"
+
+
+@dataclass
+class CVSetup:
+    """The training patients of a cross-validation and their folds.
+
+    Attributes:
+        db (Path): the MIT-BIH (or split-file database) folder.
+        described (str): the data, as the report names it.
+        pool (Dict[str, Path]): record id -> its WFDB files (:func:`training_pool`).
+        parts (List[List[str]]): the folds' held-out records.
+        synthetic (bool): synthetic records (named so in every report).
+        tokens (Path): the tokens every fold shares.
+    """
+
+    db: Path
+    described: str
+    pool: Dict[str, Path]
+    parts: List[List[str]]
+    synthetic: bool
+    tokens: Path
+
+
+def cv_setup(out: Path, *, data: Optional[str], source: str, svdb: Optional[str], folds: int,
+             base: Optional[Dict[str, Any]], baseline: Optional[Path]) -> CVSetup:
+    """Stage 1: the training patients (DS1, and svdb's when present), their folds (``folds.json``).
+
+    A baseline of other folds is refused here, before any fold trains.
+    """
+    from hlmtune._io import atomic_write_text
+    from hlmtune.ecg_tokenizer.splits import load_split_file
+    from hlmtune.hlm.pipeline import SYNTHETIC_MARK, find_data, find_svdb
+
     db, described, split_file = find_data(data, out, source)
     if split_file is None and (db / "splits.json").exists():
         split_file = db / "splits.json"
@@ -436,145 +496,81 @@ def run_cv(
     pool = training_pool(db, ds1, extra_db)
     counts = record_class_counts(pool, list(pool))
     parts = make_folds(counts, folds)
-    if base is not None:  # before any fold trains: a baseline of other folds is refused now, not in hours
+    if base is not None:
         check_same_folds(parts, base, str(baseline))
     if extra_db is not None:
         described += f" + MIT-BIH Supraventricular ({extra_db}, {len(pool) - len(ds1)} records)"
     _say(f"data: {described}; {len(pool)} training records in {folds} folds, S beats spread evenly (DS2 is not read)")
     atomic_write_text(out / "folds.json", json.dumps({"folds": parts, "counts": counts}, indent=1) + "\n")
-    synthetic = (db / SYNTHETIC_MARK).exists()
-    tokens = out / "tokens"  # one tokenization of the training records serves every fold
+    # one tokenization of the training records serves every fold
+    return CVSetup(db, described, pool, parts, (db / SYNTHETIC_MARK).exists(), out / "tokens")
 
-    fold_truth: List[np.ndarray] = []
-    fold_lp: List[np.ndarray] = []
-    fold_records: List[Optional[np.ndarray]] = []  # None: a fold evaluated before predictions.npz named records
-    fold_ratio: List[Optional[np.ndarray]] = []  # each beat's RR / running median; None: not in predictions.npz
-    rows: List[Dict[str, Any]] = []
-    fold_metrics: List[Dict[str, Any]] = []
-    classes: List[str] = []
-    for k, held in enumerate(parts):
-        train = [r for r in pool if r not in held]
+
+@dataclass
+class FoldResults:
+    """Every fold's held-out predictions (its result row: the run, or its seeds' ensemble; never calibrated)."""
+
+    classes: List[str] = field(default_factory=list)
+    truth: List[np.ndarray] = field(default_factory=list)
+    logprobs: List[np.ndarray] = field(default_factory=list)
+    records: List[Optional[np.ndarray]] = field(default_factory=list)  # None: predictions.npz of an older version
+    ratios: List[Optional[np.ndarray]] = field(default_factory=list)
+    rows: List[Dict[str, Any]] = field(default_factory=list)
+    metrics: List[Dict[str, Any]] = field(default_factory=list)
+
+
+def run_folds(setup: CVSetup, out: Path, **job: Any) -> FoldResults:
+    """Stage 2: the main job's stages on each fold (its held-out patients as the test split)."""
+    from hlmtune.hlm.evaluate import headline
+    from hlmtune.hlm.pipeline import run_pipeline
+
+    res = FoldResults()
+    for k, held in enumerate(setup.parts):
+        train = [r for r in setup.pool if r not in held]
         fold_dir = out / f"fold{k + 1}"
-        _say(f"fold {k + 1} of {folds}: holding out {' '.join(held)}")
-        report = run_pipeline(out=fold_dir, data=str(_fold_db(pool, fold_dir, train, held, synthetic)), nproc=nproc,
-                              pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
-                              seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval,
-                              force=force, tokens_dir=tokens, svdb=None,
-                              finetune_overrides=finetune_overrides, job_root=out)
+        _say(f"fold {k + 1} of {len(setup.parts)}: holding out {' '.join(held)}")
+        report = run_pipeline(out=fold_dir, data=str(_fold_db(setup.pool, fold_dir, train, held, setup.synthetic)),
+                              tokens_dir=setup.tokens, svdb=None, job_root=out, **job)
         pred = np.load(report.parent / "predictions.npz")
-        classes = [str(c) for c in pred["classes"]]
-        fold_truth.append(pred["truth"])
-        # the fold's result row: the run, or its seeds' ensemble (never calibrated: cv fits that)
-        fold_lp.append(pred["logprobs"][0])
-        fold_records.append(pred["record"] if "record" in pred.files else None)
-        fold_ratio.append(pred["rr_ratio"] if "rr_ratio" in pred.files else None)
+        res.classes = [str(c) for c in pred["classes"]]
+        res.truth.append(pred["truth"])
+        res.logprobs.append(pred["logprobs"][0])
+        res.records.append(pred["record"] if "record" in pred.files else None)
+        res.ratios.append(pred["rr_ratio"] if "rr_ratio" in pred.files else None)
         metrics = json.loads((report.parent / "metrics.json").read_text())
-        fold_metrics.append(metrics)
+        res.metrics.append(metrics)
         r = headline(metrics)
-        rows.append({"fold": k + 1, "held_out": held, "train": train, "n": r["n"], "macro_f1": r["macro_f1"],
-                     "per_class": r["per_class"], "pretrain_sha256": pretrain_fingerprints(fold_dir, pretrainings)})
+        res.rows.append({"fold": k + 1, "held_out": held, "train": train, "n": r["n"], "macro_f1": r["macro_f1"],
+                         "per_class": r["per_class"],
+                         "pretrain_sha256": pretrain_fingerprints(fold_dir, int(job["pretrainings"]))})
+    return res
+
+
+def pool_folds(res: FoldResults, *, calibrate_classes: Optional[Sequence[str]]) -> Tuple[Dict[str, Any], np.ndarray]:
+    """Stage 3: pooled out-of-fold figures (per record, per database, by timing), the class bias
+    fitted on them and its nested estimate; returns (those figures, the bias)."""
+    from hlmtune.hlm import calibrate
+    from hlmtune.hlm.evaluate import by_timing, per_record
+
+    classes = res.classes
     unknown = sorted(set(calibrate_classes or ()) - set(classes))
     if unknown:
         raise ValueError(f"--calibrate-classes {' '.join(unknown)}: not among the run's classes {' '.join(classes)}")
     scored = [classes.index(c) for c in calibrate_classes] if calibrate_classes else None
-    fold_pred = [lp.argmax(1) for lp in fold_lp]
-    pooled = _pooled(fold_pred, fold_truth, classes)
-    by_record = None
-    if all(r is not None for r in fold_records):
-        by_record = per_record(np.concatenate(fold_truth).tolist(), np.concatenate(fold_pred).tolist(),
-                               np.concatenate(fold_records).tolist(), classes)
-        pooled["per_record"] = by_record
-    if all(r is not None for r in fold_ratio):
-        pooled["by_timing"] = by_timing(np.concatenate(fold_truth).tolist(), np.concatenate(fold_pred).tolist(),
-                                        np.concatenate(fold_ratio).astype(float).tolist(), classes)
-    nested = _pooled(calibrate.nested_predictions(list(zip(fold_lp, fold_truth)), scored=scored), fold_truth, classes)
-    bias = calibrate.fit_class_bias(np.concatenate(fold_lp), np.concatenate(fold_truth), scored=scored)
-    fitted = _pooled([calibrate.apply_bias(lp, bias) for lp in fold_lp], fold_truth, classes)
-    summary = {
-        # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
-        "n_folds": folds, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
-        "finetune_examples": examples, "model": model,
-        "finetune_overrides": list(finetune_overrides),
-        "calibrate_classes": list(calibrate_classes) if calibrate_classes else list(classes),
-        "cv_macro_f1_uncalibrated": pooled["macro_f1"],
-        "cv_macro_f1_nested_calibration": nested["macro_f1"],
-        "cv_macro_f1_fitted_in_sample": fitted["macro_f1"],
-    }
-    calibrate.write_calibration(out / "calibration.json", classes=classes, bias=bias, records=list(pool),
-                                source=f"hlmtune cv: out-of-fold predictions of {folds}-fold CV on {described}",
-                                summary=summary)
-    if by_record is not None:
-        pooled["per_database"] = per_database(np.concatenate(fold_truth).tolist(), np.concatenate(fold_pred).tolist(),
-                                              np.concatenate(fold_records).tolist(), classes)
-    doc = {"data": described, "classes": classes, "folds": rows, "pooled": pooled,
-           "pooled_nested_calibration": nested, "pooled_fitted_in_sample": fitted,
-           "class_bias": dict(zip(classes, map(float, bias))), **summary,
-           "wall_s": time.perf_counter() - t0}
-    members = pooled_members(fold_metrics, classes)
-    if members:
-        doc["pooled_members"] = members
-    cmp = compare_to_baseline(doc, base, str(baseline)) if base is not None else None
-    if cmp is not None:
-        doc["baseline"] = cmp
-    atomic_write_bytes(out / "cv_metrics.json", (json.dumps(doc, indent=1) + "\n").encode())
-
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    f1_cells = lambda r: " | ".join(fmt(r["per_class"][c]["f1"]) for c in classes) + f" | {fmt(r['macro_f1'])} |"  # noqa: E731
-    lines = [
-        f"**Patient-wise {folds}-fold cross-validation over the training patients ({described}): every beat below is predicted by "
-        "a model that never saw its patient. DS2 was not read. Not comparable to DS1 -> DS2 figures or the "
-        "published DS2 baselines.**",
-        "",
-        f"# HLM cross-validation: `{model}`, {examples} fine-tuning examples per fold"
-        + (f", {seeds} seeds per fold (ensemble)" if seeds > 1 else "")
-        + (f" from {pretrainings} pretrainings" if pretrainings > 1 else "")
-        + (f", pretraining seed {pretrain_seed}" + (f"-{pretrain_seed + pretrainings - 1}" if pretrainings > 1 else "")
-           if pretrain_seed else "")
-        + (f", overrides `{' '.join(finetune_overrides)}`" if finetune_overrides else ""),
-        "",
-        "## Folds",
-        "",
-        "| fold | held-out records | beats | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
-        "|---|---|---|" + "---|" * len(classes) + "---|",
-        *[f"| {r['fold']} | {' '.join(r['held_out'])} | {r['n']} | "
-          + f1_cells(r) for r in rows],
-        "",
-        "## Pooled out-of-fold predictions",
-        "",
-        class_table(pooled, classes),
-        "",
-        *[line for db_name, r in pooled.get("per_database", {}).items() if len(pooled["per_database"]) > 1
-          for line in (f"### Patients of {db_name} only", "", class_table(r, classes), "")],
-        *(["## Ensemble members, pooled over the folds (one fine-tuning seed each)", "",
-            "| member | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
-            "|---|" + "---|" * len(classes) + "---|",
-            *[f"| {m['name']} | " + f1_cells(m) for m in members],
-            "",
-            f"Members' mean {fmt(float(np.mean([m['macro_f1'] for m in members])))}, the ensemble "
-            f"{fmt(pooled['macro_f1'])}: a setting is judged against the spread of the members, not one of them.",
-            ""] if members else []),
-        *(baseline_lines(cmp) if cmp is not None else []),
-        "## With a class bias fitted on the other folds (nested: what calibration buys, honestly)",
-        "",
-        class_table(nested, classes),
-        "",
-        f"Bias fitted on all folds (`calibration.json`, for `hlmtune eval --calibration`): "
-        + ", ".join(f"{c} {b:+.2f}" for c, b in zip(classes, bias))
-        + f" (in-sample pooled macro-F1 {fmt(fitted['macro_f1'])}, an optimistic figure: use the nested one).",
-        "",
-        f"Confusion (rows true, columns predicted {' / '.join(classes)}), pooled, uncalibrated: "
-        + "; ".join(f"{c} {' / '.join(map(str, row))}" for c, row in zip(classes, pooled["confusion"])),
-        "",
-        "## Per record (pooled, uncalibrated)",
-        "",
-        *([RECORD_TABLE_LEGEND, "", record_table(pooled, classes)] if by_record is not None else
-          ["Not available: a fold's `predictions.npz` names no records."]),
-        "",
-        *(["## By the target beat's timing (pooled, uncalibrated)", "", TIMING_TABLE_LEGEND, "",
-           timing_table(pooled, classes), ""] if "by_timing" in pooled else []),
-    ]
-    atomic_write_text(out / "report.md", "\n".join(lines))
-    return out / "report.md"
+    fold_pred = [lp.argmax(1) for lp in res.logprobs]
+    pooled = _pooled(fold_pred, res.truth, classes)
+    truth, pred = np.concatenate(res.truth).tolist(), np.concatenate(fold_pred).tolist()
+    if all(r is not None for r in res.records):
+        records = np.concatenate(res.records).tolist()
+        pooled["per_record"] = per_record(truth, pred, records, classes)
+        pooled["per_database"] = per_database(truth, pred, records, classes)
+    if all(r is not None for r in res.ratios):
+        pooled["by_timing"] = by_timing(truth, pred, np.concatenate(res.ratios).astype(float).tolist(), classes)
+    nested = _pooled(calibrate.nested_predictions(list(zip(res.logprobs, res.truth)), scored=scored), res.truth, classes)
+    bias = calibrate.fit_class_bias(np.concatenate(res.logprobs), np.concatenate(res.truth), scored=scored)
+    fitted = _pooled([calibrate.apply_bias(lp, bias) for lp in res.logprobs], res.truth, classes)
+    return {"pooled": pooled, "pooled_nested_calibration": nested, "pooled_fitted_in_sample": fitted,
+            "class_bias": dict(zip(classes, map(float, bias)))}, bias
 
 
 def register(subparsers: Any) -> None:

@@ -31,6 +31,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -503,14 +504,9 @@ def run_pipeline(
             Database: ``auto`` (``$HLM_DATA/svdb`` when it is there and the data is MIT-BIH), a
             folder, or None / ``none`` (DS1 only).
     """
-    from hlmtune._io import atomic_write_text, ensure_dir
-    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, tokenize_sources
-    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
-    from hlmtune.hlm.evaluate import (RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, baseline_table, class_table, evaluate,
-                                      headline, load_run_config, ordered_results, record_table, timing_table)
+    from hlmtune._io import ensure_dir
     from hlmtune.hlm.model import ARCHS
 
-    HLM_TOKENS = TokenizerParams(rr_bins=RR_BINS)
     if model not in ARCHS:
         raise ValueError(f"--model must be one of {sorted(ARCHS)}, got {model!r}")
     if seeds < 1:
@@ -523,201 +519,235 @@ def run_pipeline(
     if calibration is not None and not Path(calibration).is_file():  # before hours of training, not after
         raise FileNotFoundError(f"--calibration {calibration}: no such file (hlmtune cv writes calibration.json)")
     out = ensure_dir(out, "--out").resolve()
-    root = Path(job_root).resolve() if job_root is not None else out
+    job = Job(out=out, root=Path(job_root).resolve() if job_root is not None else out, model=model, nproc=nproc,
+              force=force)
     t_all = time.perf_counter()
-    # Wall seconds per stage. "pretrain" / "finetune": what training the models cost, counted for a
-    # kept run as recorded when it ran (None when a kept run predates the record); "kept_runs":
-    # how many of them this call kept; "total": this call's own wall time.
-    timings: Dict[str, Optional[float]] = {}
+    stage_data(job, data=data, source=source, svdb=svdb)
+    stage_tokenize(job, tokens_dir=tokens_dir)
+    pre = stage_pretrain(job, steps=pretrain_steps, pretrainings=pretrainings, pretrain_seed=pretrain_seed)
+    ft = stage_finetune(job, pre, seeds=seeds, finetune_examples=finetune_examples,
+                        finetune_overrides=finetune_overrides)
+    metrics = stage_evaluate(job, ft, retrained=any(pre.redone) or any(ft.redone), max_eval=max_eval,
+                             calibration=calibration)
+    job.timings["total"] = time.perf_counter() - t_all
+    return stage_report(job, metrics, pre, ft, calibration=calibration)
 
-    # 1. data
+
+@dataclass
+class Job:
+    """What the stages of one main job share; each stage fills its part.
+
+    Attributes:
+        out (Path): the job folder.
+        root (Path): the folder stage stamps name paths relative to (a copy keeps its stages).
+        model (str): the HLM size.
+        nproc (int): CPU ranks of the training stages.
+        force (bool): redo finished stages.
+        db (Optional[Path]): the WFDB records (stage 1).
+        described (str): the data, as the report names it.
+        split_file (Optional[Path]): the split lists (None: MIT-BIH DS1/DS2).
+        lists (Dict[str, Sequence[str]]): the split lists.
+        extra_db (Optional[Path]): svdb's folder when its patients train too.
+        tokens (Optional[Path]): the shards (stage 2).
+        data (str): digest of what the models read (:func:`data_digest`).
+        env (Dict[str, str]): environment of the training commands.
+        common (List[str]): overrides every training command gets (shards, split, extra records).
+        timings (Dict[str, Optional[float]]): wall seconds per stage (``pretrain`` / ``finetune``:
+            what training cost, as recorded for a kept run; ``kept_runs``; ``total``).
+    """
+
+    out: Path
+    root: Path
+    model: str
+    nproc: int
+    force: bool
+    db: Optional[Path] = None
+    described: str = ""
+    split_file: Optional[Path] = None
+    lists: Dict[str, Sequence[str]] = field(default_factory=dict)
+    extra_db: Optional[Path] = None
+    tokens: Optional[Path] = None
+    data: str = ""
+    env: Dict[str, str] = field(default_factory=dict)
+    common: List[str] = field(default_factory=list)
+    timings: Dict[str, Optional[float]] = field(default_factory=dict)
+
+
+@dataclass
+class Trained:
+    """Runs of one training stage: folders, wall seconds (recorded for a kept run), whether redone, seeds."""
+
+    runs: List[Path]
+    seconds: List[Optional[float]]
+    redone: List[bool]
+    seeds: List[int]
+
+
+def stage_data(job: Job, *, data: Optional[str], source: str, svdb: Optional[str]) -> None:
+    """Stage 1: where the records come from, the split lists, and svdb's extra patients."""
     t0 = time.perf_counter()
-    db, described, split_file = find_data(data, out, source)
+    db, described, split_file = find_data(data, job.out, source)
     if split_file is None and (db / "splits.json").exists():
         split_file = db / "splits.json"
-    lists = load_split_file(str(split_file) if split_file is not None else None)  # names the file if bad
+    job.lists = load_split_file(str(split_file) if split_file is not None else None)  # names the file if bad
     _say(f"data: {described}")
-    records = list(lists["DS1"]) + list(lists["DS2"])
-    extra_db = find_svdb(svdb, mitdb=split_file is None)
-    if extra_db is not None:
-        described += f"; extra training patients: MIT-BIH Supraventricular Arrhythmia Database ({extra_db}, every record)"
-        _say(f"extra training patients: {extra_db} (svdb)")
-    timings["data"] = time.perf_counter() - t0
+    job.extra_db = find_svdb(svdb, mitdb=split_file is None)
+    if job.extra_db is not None:
+        described += f"; extra training patients: MIT-BIH Supraventricular Arrhythmia Database ({job.extra_db}, every record)"
+        _say(f"extra training patients: {job.extra_db} (svdb)")
+    job.db, job.described, job.split_file = db, described, split_file
+    job.timings["data"] = time.perf_counter() - t0
 
-    # 2. tokenize (resumes record by record): MIT-BIH as mitdb/<record> (a split file's database keeps
-    # its own names), svdb as svdb/<record>, resampled to one rate
+
+def stage_tokenize(job: Job, *, tokens_dir: Optional[Path]) -> None:
+    """Stage 2: the shards (resumed record by record) and the digest of what the models read.
+
+    MIT-BIH records become ``mitdb/<record>`` (a split file's database keeps its own names), svdb's
+    ``svdb/<record>``, every one at the tokenizer's rate. The report of an earlier call is removed
+    once the input is known good: a call that fails while training or evaluating leaves no report
+    of the models it was replacing.
+    """
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, tokenize_sources
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+
     t0 = time.perf_counter()
-    tokens = Path(tokens_dir).resolve() if tokens_dir is not None else out / "tokens"
-    sources = [RecordSource(db, "mitdb" if split_file is None else None, records)]
-    if extra_db is not None:
-        sources.append(RecordSource(extra_db, "svdb"))
-    summary = tokenize_sources(sources, tokens, params=HLM_TOKENS, options=RecordOptions(),
+    job.tokens = Path(tokens_dir).resolve() if tokens_dir is not None else job.out / "tokens"
+    records = list(job.lists["DS1"]) + list(job.lists["DS2"])
+    sources = [RecordSource(job.db, "mitdb" if job.split_file is None else None, records)]
+    if job.extra_db is not None:
+        sources.append(RecordSource(job.extra_db, "svdb"))
+    summary = tokenize_sources(sources, job.tokens, params=TokenizerParams(rr_bins=RR_BINS), options=RecordOptions(),
                                workers=min(2, os.cpu_count() or 1), progress=True)
     if not summary.ok:
         raise RuntimeError("tokenize failed for some records:\n" + summary.format())
-    timings["tokenize"] = time.perf_counter() - t0
-    # The report is written last, from this call's models: once the input is known good, none is
-    # there until then, so a call that fails (or is killed) while training or evaluating leaves no
-    # report of the models it was replacing.
-    (out / "report" / "report.md").unlink(missing_ok=True)
-
+    job.timings["tokenize"] = time.perf_counter() - t0
+    (job.out / "report" / "report.md").unlink(missing_ok=True)
     # What the models learn from and are tested on, beyond the commands' paths: a changed split
     # file or re-tokenized records under the same paths redo training and evaluation.
     extra_ids = [r["record"] for r in summary.manifest["records"] if r["record"].startswith("svdb/")]
-    data = data_digest(tokens, lists, records + extra_ids)
-    env = dict(os.environ)
+    job.data = data_digest(job.tokens, job.lists, records + extra_ids)
+    job.env = dict(os.environ)
     # One intra-op thread per rank on a CPU host (ranks x threads = cores), as torchrun does for >1 rank.
-    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    common = [f"shards_dir={tokens}", f"split_file={split_file}" if split_file else "split_file=null",
-              f"extra_records={'svdb' if extra_db is not None else 'null'}"]
-    size = [f"model._component_=hlmtune.hlm.model.{model}"]
+    job.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
+    job.common = [f"shards_dir={job.tokens}", f"split_file={job.split_file}" if job.split_file else "split_file=null",
+                  f"extra_records={'svdb' if job.extra_db is not None else 'null'}"]
 
-    # 3. pretrain, 4. LoRA fine-tune
-    pres = pretrain_dirs(out, pretrainings)
+
+def stage_pretrain(job: Job, *, steps: int, pretrainings: int, pretrain_seed: int) -> Trained:
+    """Stage 3: the pretrained model(s), kept when a finished run asked the same."""
+    runs = pretrain_dirs(job.out, pretrainings)
     # Pretraining p's seed; 0 keeps the config's own seed (model initialization and window
     # order), so that command, and with it a kept run, is what it was before --pretrain-seed.
-    pre_seeds = [pretrain_seed + p for p in range(pretrainings)]
-    # Fine-tune k starts from pretraining k mod P; the names of P = 1 stay as they were (reruns keep them).
-    fts = [out / "runs" / ("lora" if k == 0 else f"lora_seed{k}" if k % pretrainings == 0
-                           else f"lora_seed{k}_pre{k % pretrainings}") for k in range(seeds)]
-    ft = fts[0]
-    stride, pre_steps = pretrain_schedule(pretrain_steps, tokens, split_file, nproc,
-                                          extra_records="svdb" if extra_db is not None else None)
-    if pre_steps < pretrain_steps:
-        _say(f"warning: --pretrain-steps {pretrain_steps} > the {pre_steps} steps one epoch holds even with "
+    seeds = [pretrain_seed + p for p in range(pretrainings)]
+    stride, pre_steps = pretrain_schedule(steps, job.tokens, job.split_file, job.nproc,
+                                          extra_records="svdb" if job.extra_db is not None else None)
+    if pre_steps < steps:
+        _say(f"warning: --pretrain-steps {steps} > the {pre_steps} steps one epoch holds even with "
              f"windows every {stride or 'max_seq_len'} tokens ({MAX_WINDOW_OVERLAP}-fold overlap, the most this "
              "takes): pretraining stops at the end of that epoch; more data gives more steps")
     # The stride only when one is set: a rerun of an earlier job's command keeps its pretrained model.
-    pre_over = [*common, *size, f"max_steps_per_epoch={pre_steps}", *([f"dataset.stride={stride}"] if stride else [])]
+    over = [*job.common, f"model._component_=hlmtune.hlm.model.{job.model}", f"max_steps_per_epoch={pre_steps}",
+            *([f"dataset.stride={stride}"] if stride else [])]
     windows = "" if not stride else f" (windows every {stride} tokens" + (
-        ", so that one epoch holds them)" if pre_steps == pretrain_steps else ")")
-    pre_s: List[Optional[float]] = []  # wall time of each pretraining (recorded, for a kept one)
-    pre_redone: List[bool] = []
-    for p, (run, s) in enumerate(zip(pres, pre_seeds)):
+        ", so that one epoch holds them)" if pre_steps == steps else ")")
+    done = Trained(runs, [], [], seeds)
+    for p, (run, s) in enumerate(zip(runs, seeds)):
         took, ran = _train_stage(
-            "pretrain" + (f" (seed {s})" if s else ""), run, run / "epoch_0" / "model.pt", force, env,
-            f"pretraining {model} for {pre_steps} steps on {nproc} CPU rank(s){windows}"
+            "pretrain" + (f" (seed {s})" if s else ""), run, run / "epoch_0" / "model.pt", job.force, job.env,
+            f"pretraining {job.model} for {pre_steps} steps on {job.nproc} CPU rank(s){windows}"
             + (f", seed {s}" if s else "") + (f" ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
-            _train_cmd(nproc, "full_finetune_distributed", "ecg_pretrain",
-                       [*pre_over, *([f"seed={s}"] if s else [])], run),
-            root=root, data=data,
+            _train_cmd(job.nproc, "full_finetune_distributed", "ecg_pretrain", [*over, *([f"seed={s}"] if s else [])], run),
+            root=job.root, data=job.data,
         )
-        pre_s.append(took)
-        pre_redone.append(ran)
-    timings["pretrain"] = _total(pre_s)
-    ft_s: List[Optional[float]] = []  # wall time of each fine-tune (recorded, for a kept one)
-    ft_redone: List[bool] = []
-    retrained = any(pre_redone)
+        done.seconds.append(took)
+        done.redone.append(ran)
+    job.timings["pretrain"] = _total(done.seconds)
+    return done
+
+
+def stage_finetune(job: Job, pre: Trained, *, seeds: int, finetune_examples: int,
+                   finetune_overrides: Sequence[str]) -> Trained:
+    """Stage 4: the LoRA fine-tune(s); fine-tune k starts from pretraining k mod P (redone when it was)."""
+    p = len(pre.runs)
+    # The names of P = 1 stay as they were (reruns keep them).
+    runs = [job.out / "runs" / ("lora" if k == 0 else f"lora_seed{k}" if k % p == 0 else f"lora_seed{k}_pre{k % p}")
+            for k in range(seeds)]
     examples = examples_trained(finetune_examples, finetune_overrides)  # what each fine-tune draws, for its message
-    for k, run in enumerate(fts):
-        # Seed 0 keeps the config's own seeds (the single-model run is unchanged by --seeds).
-        seed = [f"seed={k}", f"dataset.seed={k}"] if k else []
-        src = k % pretrainings  # the pretraining it starts from
+    done = Trained(runs, [], [], list(range(seeds)))
+    for k, run in enumerate(runs):
+        seed = [f"seed={k}", f"dataset.seed={k}"] if k else []  # seed 0: the config's own (one model unchanged by --seeds)
+        src = k % p
         took, ran = _train_stage(
             "fine-tune" + (f" (seed {k})" if k else ""), run, run / "epoch_0" / "model-00001-of-00001.bin",
-            force or pre_redone[src], env,
-            f"LoRA fine-tuning for beat classes on {examples} DS1 examples"
+            job.force or pre.redone[src], job.env,
+            f"LoRA fine-tuning for beat classes on {examples} training examples"
             + (f", seed {k} ({k + 1} of {seeds})" if seeds > 1 else ""),
-            _train_cmd(nproc, "lora_finetune_distributed", "ecg_lora",
-                       [*common, f"model._component_=hlmtune.hlm.model.lora_{model}", f"pretrain_dir={pres[src]}",
-                        f"dataset.num_examples={finetune_examples}", *seed, *finetune_overrides], run),
-            root=root, data=data,
+            _train_cmd(job.nproc, "lora_finetune_distributed", "ecg_lora",
+                       [*job.common, f"model._component_=hlmtune.hlm.model.lora_{job.model}",
+                        f"pretrain_dir={pre.runs[src]}", f"dataset.num_examples={finetune_examples}", *seed,
+                        *finetune_overrides], run),
+            root=job.root, data=job.data,
         )
-        ft_s.append(took)
-        ft_redone.append(ran)
-        retrained = retrained or ran
-    timings["finetune"] = _total(ft_s)
-    timings["kept_runs"] = sum(not r for r in (*pre_redone, *ft_redone))
+        done.seconds.append(took)
+        done.redone.append(ran)
+    job.timings["finetune"] = _total(done.seconds)
+    job.timings["kept_runs"] = sum(not r for r in (*pre.redone, *done.redone))
+    return done
 
-    # 5. evaluate on DS2 (kept on rerun when no model changed and it was asked the same way)
+
+def stage_evaluate(job: Job, ft: Trained, *, retrained: bool, max_eval: Optional[int],
+                   calibration: Optional[Path]) -> Dict[str, Any]:
+    """Stage 5: the test split through the fine-tune(s) (an ensemble of several), kept on a rerun
+    when no model changed and it was asked the same way."""
+    from hlmtune._io import atomic_write_text
+    from hlmtune.hlm.evaluate import evaluate, load_run_config
+
     t0 = time.perf_counter()
-    report = out / "report"
+    report = job.out / "report"
     eval_stamp = report / STAGE_STAMP
-    run_paths = [str(r) for r in fts]
+    run_paths = [str(r) for r in ft.runs]
     cal = str(Path(calibration).resolve()) if calibration else None
-    asked = {"format": EVAL_FORMAT, "data": data, "runs": portable(run_paths, root), "max_eval": max_eval,
-             "calibration": portable([cal], root)[0] if cal else None,
+    asked = {"format": EVAL_FORMAT, "data": job.data, "runs": portable(run_paths, job.root), "max_eval": max_eval,
+             "calibration": portable([cal], job.root)[0] if cal else None,
              "calibration_file": Path(calibration).read_text() if calibration and Path(calibration).is_file() else None}
     absolute = {**asked, "runs": run_paths, "calibration": cal}  # the stamp of an older version (accepted in place)
-    if (not force and not retrained and (report / "metrics.json").is_file() and (report / "predictions.npz").is_file()
+    if (not job.force and not retrained and (report / "metrics.json").is_file() and (report / "predictions.npz").is_file()
             and eval_stamp.is_file() and json.loads(eval_stamp.read_text()) in (asked, absolute)):
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
         metrics = json.loads((report / "metrics.json").read_text())
     else:
-        test_set = "DS2" if split_file is None else f"the DS2 records of {split_file}"  # as report.md names them
-        _say(f"evaluating on {test_set} (unseen patients)" + (f": an ensemble of the {seeds} fine-tuned runs" if seeds > 1 else ""))
+        test_set = "DS2" if job.split_file is None else f"the DS2 records of {job.split_file}"  # as report.md names them
+        _say(f"evaluating on {test_set} (unseen patients)"
+             + (f": an ensemble of the {len(ft.runs)} fine-tuned runs" if len(ft.runs) > 1 else ""))
         eval_stamp.unlink(missing_ok=True)
-        cfg = load_run_config(str(ft), [])
+        cfg = load_run_config(str(ft.runs[0]), [])
         # ~50k DS2 beats x ~150 tokens: compiling once (about a minute) saves more than it costs.
         metrics = evaluate(cfg, out_dir=report, max_examples=max_eval, compile=max_eval is None or max_eval >= 10_000,
-                           ensemble=fts[1:], calibration=calibration)
+                           ensemble=ft.runs[1:], calibration=calibration)
         atomic_write_text(eval_stamp, json.dumps(asked, indent=1) + "\n")
-    timings["evaluate"] = time.perf_counter() - t0
+    job.timings["evaluate"] = time.perf_counter() - t0
+    return metrics
 
-    # 6. report
-    runs = {**{"pretrain" + (f" seed {s}" if s else ""): _steps(r) for r, s in zip(pres, pre_seeds)},
-            **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r) for k, r in enumerate(fts)}}
+
+def stage_report(job: Job, metrics: Dict[str, Any], pre: Trained, ft: Trained, *,
+                 calibration: Optional[Path]) -> Path:
+    """Stage 6: ``report/report.md`` (results, baselines, per record and timing, training, wall
+    time), the training plots and ``timings.json``; returns the report's path."""
+    from hlmtune._io import atomic_write_text
+    from hlmtune.hlm.report import job_report_markdown
+
+    report = job.out / "report"
+    runs = {**{"pretrain" + (f" seed {s}" if s else ""): _steps(r) for r, s in zip(pre.runs, pre.seeds)},
+            **{"LoRA fine-tune" + (f" seed {k}" if k else ""): _steps(r) for k, r in enumerate(ft.runs)}}
     plots = plot_training(runs, report)
-    result = headline(metrics)
-    timings["total"] = time.perf_counter() - t_all
-    lines = [
-        f"**{metrics['notice']}**",
-        "",
-        "# Heart Language Model: main job report",
-        "",
-        f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU)."
-        + (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of "
-           + ("the same pretrained model" if pretrainings == 1 else
-              f"{pretrainings} pretrained models (seeds {pre_seeds[0]}-{pre_seeds[-1]}; "
-              f"fine-tune k from pretraining k mod {pretrainings})")
-           + ", predicting the class of highest mean log-probability; each run's own figures are in "
-           "`metrics.json`." if seeds > 1 else "")
-        + (f" Decision: a per-class bias on the class log-probabilities fitted on DS1 out-of-fold predictions "
-           f"(`{calibration}`, `hlmtune cv`); the uncalibrated figures are in `metrics.json`." if calibration else ""),
-        "",
-        "## Results on the test split",
-        "",
-        class_table(result),
-        "",
-        "## Beside the published inter-patient baselines (MIT-BIH DS1 -> DS2)",
-        "",
-        baseline_table(ordered_results(metrics)),
-        "",
-        "Baselines as the papers state them." + (
-            " Ours here are on SYNTHETIC records: not comparable." if described.startswith("SYNTHETIC")
-            else "" if split_file is None else f" Ours here are on {described}, not MIT-BIH DS2: not comparable."),
-        "",
-        "![confusion matrix](confusion.png)",
-        "",
-        f"## Per record: {metrics['result']}",
-        "",
-        "Inter-patient figures hinge on a few patients. " + RECORD_TABLE_LEGEND,
-        "",
-        record_table(result, metrics["classes"]),
-        "",
-        *([f"## By the target beat's timing: {metrics['result']}", "", TIMING_TABLE_LEGEND, "",
-           timing_table(result, metrics["classes"]), ""] if "by_timing" in result else []),
-        "## Training",
-        "",
-        "| stage | steps | first loss | last loss | median s/it | peak RSS GiB | wall s |",
-        "|---|---|---|---|---|---|---|",
-        *[_stage_summary(name, steps, t, kept=not r)
-          for (name, steps), t, r in zip(runs.items(), [*pre_s, *ft_s], [*pre_redone, *ft_redone])],
-        "",
-        "Wall s of a run kept from an earlier call is the time recorded when it ran.",
-        "",
-        *[f"![{p}]({p})" for p in plots],
-        "",
-        "## Wall time (s)",
-        "",
-        " | ".join(f"{k} {'unknown' if v is None else f'{v:.0f}'}" for k, v in timings.items() if k != "kept_runs"),
-        "",
-        f"Runs: {', '.join(f'`{r}`' for r in (*pres, *fts))}; per-step metrics in `<run>/metrics/steps.jsonl`; "
-        "eval in `metrics.json`.",
-        "",
-    ]
-    atomic_write_text(report / "report.md", "\n".join(lines))
-    atomic_write_text(report / "timings.json", json.dumps(timings, indent=1) + "\n")
+    training = [_stage_summary(name, steps, t, kept=not r)
+                for (name, steps), t, r in zip(runs.items(), [*pre.seconds, *ft.seconds], [*pre.redone, *ft.redone])]
+    text = job_report_markdown(
+        metrics, described=job.described, model=job.model, nproc=job.nproc, seeds=len(ft.runs),
+        pretrain_seeds=pre.seeds, calibration=calibration, mitdb=job.split_file is None, training_rows=training,
+        plots=plots, timings=job.timings, runs=[*pre.runs, *ft.runs])
+    atomic_write_text(report / "report.md", text)
+    atomic_write_text(report / "timings.json", json.dumps(job.timings, indent=1) + "\n")
     return report / "report.md"
 
 

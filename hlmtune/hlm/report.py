@@ -209,3 +209,142 @@ def eval_report_markdown(metrics: Dict[str, Any], *, title: str, model_runs: Seq
         md += [f"## By the target beat's timing: {metrics['result']}", "", TIMING_TABLE_LEGEND, "",
                timing_table(first, classes), ""]
     return "\n".join(md)
+
+
+def job_report_markdown(metrics: Dict[str, Any], *, described: str, model: str, nproc: int, seeds: int,
+                        pretrain_seeds: Sequence[int], calibration: Optional[Path], mitdb: bool,
+                        training_rows: Sequence[str], plots: Sequence[str], timings: Dict[str, Optional[float]],
+                        runs: Sequence[Path]) -> str:
+    """``report.md`` of ``hlmtune demo`` (the main job) from its evaluation and training records.
+
+    Args:
+        metrics (Dict[str, Any]): the evaluation's ``metrics.json`` content.
+        described (str): the data, as the report names it.
+        model (str): the HLM size.
+        nproc (int): CPU ranks.
+        seeds (int): fine-tunes (an ensemble when more than one).
+        pretrain_seeds (Sequence[int]): the pretrainings' seeds.
+        calibration (Optional[Path]): the class-bias file applied, if any.
+        mitdb (bool): the data is MIT-BIH (its DS2 is the published baselines' test set).
+        training_rows (Sequence[str]): one table row per training run.
+        plots (Sequence[str]): the training plots' file names.
+        timings (Dict[str, Optional[float]]): wall seconds per stage.
+        runs (Sequence[Path]): every run folder of the job.
+
+    Returns:
+        str: Markdown.
+    """
+    result = headline(metrics)
+    p = len(pretrain_seeds)
+    ensemble = (f" Classifier: an ensemble of {seeds} LoRA fine-tunes (seeds 0-{seeds - 1}) of "
+                + ("the same pretrained model" if p == 1 else
+                   f"{p} pretrained models (seeds {pretrain_seeds[0]}-{pretrain_seeds[-1]}; fine-tune k from "
+                   f"pretraining k mod {p})")
+                + ", predicting the class of highest mean log-probability; each run's own figures are in "
+                "`metrics.json`." if seeds > 1 else "")
+    decision = (f" Decision: a per-class bias on the class log-probabilities fitted on DS1 out-of-fold predictions "
+                f"(`{calibration}`, `hlmtune cv`); the uncalibrated figures are in `metrics.json`." if calibration else "")
+    comparable = (" Ours here are on SYNTHETIC records: not comparable." if described.startswith("SYNTHETIC")
+                  else "" if mitdb else f" Ours here are on {described}, not MIT-BIH DS2: not comparable.")
+    lines = [
+        f"**{metrics['notice']}**", "",
+        "# Heart Language Model: main job report", "",
+        f"Data: {described}. Model: `{model}` (Llama3 architecture). Ranks: {nproc} (CPU)." + ensemble + decision, "",
+        "## Results on the test split", "",
+        class_table(result), "",
+        "## Beside the published inter-patient baselines (MIT-BIH DS1 -> DS2)", "",
+        baseline_table(ordered_results(metrics)), "",
+        "Baselines as the papers state them." + comparable, "",
+        "![confusion matrix](confusion.png)", "",
+        f"## Per record: {metrics['result']}", "",
+        "Inter-patient figures hinge on a few patients. " + RECORD_TABLE_LEGEND, "",
+        record_table(result, metrics["classes"]), "",
+        *([f"## By the target beat's timing: {metrics['result']}", "", TIMING_TABLE_LEGEND, "",
+           timing_table(result, metrics["classes"]), ""] if "by_timing" in result else []),
+        "## Training", "",
+        "| stage | steps | first loss | last loss | median s/it | peak RSS GiB | wall s |",
+        "|---|---|---|---|---|---|---|",
+        *training_rows, "",
+        "Wall s of a run kept from an earlier call is the time recorded when it ran.", "",
+        *[f"![{p}]({p})" for p in plots], "",
+        "## Wall time (s)", "",
+        " | ".join(f"{k} {'unknown' if v is None else f'{v:.0f}'}" for k, v in timings.items() if k != "kept_runs"), "",
+        f"Runs: {', '.join(f'`{r}`' for r in runs)}; per-step metrics in `<run>/metrics/steps.jsonl`; "
+        "eval in `metrics.json`.", "",
+    ]
+    return "\n".join(lines)
+
+
+def cv_report_markdown(doc: Dict[str, Any], *, members: Sequence[Dict[str, Any]], baseline: Sequence[str]) -> str:
+    """``report.md`` of ``hlmtune cv`` from its ``cv_metrics.json`` content.
+
+    Args:
+        doc (Dict[str, Any]): the cross-validation's figures (folds, pooled, nested, fitted, bias).
+        members (Sequence[Dict[str, Any]]): each seed pooled over the folds (empty for one seed).
+        baseline (Sequence[str]): the lines comparing this run with a baseline run (may be empty).
+
+    Returns:
+        str: Markdown.
+    """
+    import numpy as np
+
+    classes, pooled, nested, fitted = doc["classes"], doc["pooled"], doc["pooled_nested_calibration"], \
+        doc["pooled_fitted_in_sample"]
+    folds, seeds, pretrainings, pretrain_seed = doc["n_folds"], doc["seeds"], doc["pretrainings"], doc["pretrain_seed"]
+    overrides, bias = doc["finetune_overrides"], [doc["class_bias"][c] for c in classes]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    f1_cells = lambda r: " | ".join(fmt(r["per_class"][c]["f1"]) for c in classes) + f" | {fmt(r['macro_f1'])} |"  # noqa: E731
+    per_db = pooled.get("per_database", {})
+    lines = [
+        f"**Patient-wise {folds}-fold cross-validation over the training patients ({doc['data']}): every beat below "
+        "is predicted by a model that never saw its patient. DS2 was not read. Not comparable to DS1 -> DS2 figures "
+        "or the published DS2 baselines.**",
+        "",
+        f"# HLM cross-validation: `{doc['model']}`, {doc['finetune_examples']} fine-tuning examples per fold"
+        + (f", {seeds} seeds per fold (ensemble)" if seeds > 1 else "")
+        + (f" from {pretrainings} pretrainings" if pretrainings > 1 else "")
+        + (f", pretraining seed {pretrain_seed}" + (f"-{pretrain_seed + pretrainings - 1}" if pretrainings > 1 else "")
+           if pretrain_seed else "")
+        + (f", overrides `{' '.join(overrides)}`" if overrides else ""),
+        "",
+        "## Folds",
+        "",
+        "| fold | held-out records | beats | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
+        "|---|---|---|" + "---|" * len(classes) + "---|",
+        *[f"| {r['fold']} | {' '.join(r['held_out'])} | {r['n']} | " + f1_cells(r) for r in doc["folds"]],
+        "",
+        "## Pooled out-of-fold predictions",
+        "",
+        class_table(pooled, classes),
+        "",
+        *[line for name, r in per_db.items() if len(per_db) > 1
+          for line in (f"### Patients of {name} only", "", class_table(r, classes), "")],
+        *(["## Ensemble members, pooled over the folds (one fine-tuning seed each)", "",
+           "| member | " + " | ".join(f"{c} F1" for c in classes) + " | macro-F1 |",
+           "|---|" + "---|" * len(classes) + "---|",
+           *[f"| {m['name']} | " + f1_cells(m) for m in members],
+           "",
+           f"Members' mean {fmt(float(np.mean([m['macro_f1'] for m in members])))}, the ensemble "
+           f"{fmt(pooled['macro_f1'])}: a setting is judged against the spread of the members, not one of them.",
+           ""] if members else []),
+        *baseline,
+        "## With a class bias fitted on the other folds (nested: what calibration buys, honestly)",
+        "",
+        class_table(nested, classes),
+        "",
+        "Bias fitted on all folds (`calibration.json`, for `hlmtune eval --calibration`): "
+        + ", ".join(f"{c} {b:+.2f}" for c, b in zip(classes, bias))
+        + f" (in-sample pooled macro-F1 {fmt(fitted['macro_f1'])}, an optimistic figure: use the nested one).",
+        "",
+        f"Confusion (rows true, columns predicted {' / '.join(classes)}), pooled, uncalibrated: "
+        + "; ".join(f"{c} {' / '.join(map(str, row))}" for c, row in zip(classes, pooled["confusion"])),
+        "",
+        "## Per record (pooled, uncalibrated)",
+        "",
+        *([RECORD_TABLE_LEGEND, "", record_table(pooled, classes)] if "per_record" in pooled else
+          ["Not available: a fold's `predictions.npz` names no records."]),
+        "",
+        *(["## By the target beat's timing (pooled, uncalibrated)", "", TIMING_TABLE_LEGEND, "",
+           timing_table(pooled, classes), ""] if "by_timing" in pooled else []),
+    ]
+    return "\n".join(lines)
