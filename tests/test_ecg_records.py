@@ -175,3 +175,25 @@ def test_detected_beats_carry_the_annotated_rhythm(mitdb_dir):
     agree = np.mean(det.beat_rhythms == ann.beat_rhythms[nearest])
     assert agree > 0.95, agree
     assert set(det.beat_rhythms.tolist()) == set(range(len(det.rhythms)))
+
+
+def test_a_bundle_branch_block_beat_of_another_database_is_an_n_beat(mitdb_dir, tmp_path):
+    """`B` (bundle branch block beat, unspecified) is no MIT-BIH symbol; the WFDB table has it and
+    AAMI EC57 groups it with N (ecg_tokenizer.labels): with the strict default it tokenizes, as N."""
+    import wfdb
+
+    from hlmtune.ecg_tokenizer.labels import AAMI_MAP
+
+    d = copy_record(mitdb_dir, "100", tmp_path)
+    ann = wfdb.rdann(str(d / "100"), "atr")
+    beats = [i for i, s in enumerate(ann.symbol) if s == "N"]
+    symbols = list(ann.symbol)
+    symbols[beats[5]] = "B"
+    wfdb.wrann("100", "atr", ann.sample, symbol=symbols, aux_note=ann.aux_note, write_dir=str(d))
+    rec = load_record(d, "100")  # on_unknown_symbols="error" by default: B is known
+    tok = tokenize_record(rec, TokenizerParams())
+    at = int(np.flatnonzero(tok.beats["sample"] == ann.sample[beats[5]])[0])
+    from hlmtune.ecg_tokenizer.core import get_vocab
+
+    n_id = get_vocab(TokenizerParams()).classes.index("N")
+    assert AAMI_MAP["B"] == "N" and int(tok.beats["label"][at]) == n_id and not rec.dropped
