@@ -389,6 +389,8 @@ class ECGBeatClassificationDataset(Dataset):
         """(n_beats, F) record ``i``'s rhythm feature tokens (``local_rr``, ``average_rr_s``), each
         written as the prompt's other RR tokens are (absolute, or relative to the running reference)."""
         t, fs = self.beats.tables[i], float(self.beats.meta[i]["fs"])
+        if not (o.local_rr or o.average_rr_s):  # the shipped prompts: no second pass of the running reference
+            return np.zeros((t.size, 0), np.int64)
         ref = running_reference(t, int(o.normalized_rr), o.rr_reference) if o.normalized_rr else None
         cols = []
         for on, values in ((o.local_rr, lambda: local_average_rr(t, int(o.local_rr))),

@@ -47,13 +47,12 @@ class Matching:
     detector: Dict[str, Any] = field(default_factory=dict)
 
 
-def match_beats(reference: np.ndarray, ref_class: np.ndarray, detected: np.ndarray, kept: np.ndarray,
+def match_beats(reference: np.ndarray, detected: np.ndarray, kept: np.ndarray,
                 fs: float, window_s: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Match detections to reference beats (one-to-one, nearest first, within ``window_s``).
 
     Args:
         reference (np.ndarray): (R,) reference beat samples, increasing.
-        ref_class (np.ndarray): (R,) class id of each reference beat.
         detected (np.ndarray): (D,) detected beat samples, increasing.
         kept (np.ndarray): (D,) bool: the detection was tokenized (its window is inside the record).
         fs (float): sampling rate (Hz).
@@ -81,13 +80,13 @@ def match_beats(reference: np.ndarray, ref_class: np.ndarray, detected: np.ndarr
     return det_ref, missed, left_out
 
 
-def detector_matching(test_manifest: Dict[str, Any], detector_manifest: Dict[str, Any], *, class_ids: Sequence[int],
+def detector_matching(detector_manifest: Dict[str, Any], *, class_ids: Sequence[int],
                       placeholder: int, label_mode: str, window_s: float) -> Matching:
     """Labels, extras and misses of every test record (see the module docstring).
 
     Args:
-        test_manifest (Dict[str, Any]): the test records' shards (reference annotations; ``source`` of each).
-        detector_manifest (Dict[str, Any]): the same records tokenized with detector beats.
+        detector_manifest (Dict[str, Any]): the test records tokenized with detector beats (``source``
+            of each: where their reference annotations are read).
         class_ids (Sequence[int]): the run's target classes (others are neither scored nor missed).
         placeholder (int): a target class id given to extra detections (never read: they score as "no beat").
         label_mode (str): the tokenizer's label mode.
@@ -114,7 +113,7 @@ def detector_matching(test_manifest: Dict[str, Any], detector_manifest: Dict[str
         kept_samples = table["sample"].astype(np.int64)
         detected = np.union1d(kept_samples, np.asarray([x["sample"] for x in meta["dropped"]], np.int64))
         kept = np.isin(detected, kept_samples)
-        det_ref, missed, left_out = match_beats(ref.beat_samples, ref_cls, detected, kept, ref.fs, window_s)
+        det_ref, missed, left_out = match_beats(ref.beat_samples, detected, kept, ref.fs, window_s)
         at = np.searchsorted(detected, kept_samples)  # table beat -> detection index
         matched = det_ref[at]
         labels = np.where(matched >= 0, ref_cls[np.maximum(matched, 0)], placeholder)

@@ -277,7 +277,7 @@ def _detector_test_set(tokenizer: Any, comp: str, section: Dict[str, Any], test_
     vocab = Vocabulary(TokenizerParams.from_dict(det["params"]))
     classes = list(section.get("classes") or vocab.classes[:-1])
     class_ids = [vocab.classes.index(c) for c in classes]
-    matching = detection.detector_matching(test_manifest, det, class_ids=class_ids, placeholder=class_ids[0],
+    matching = detection.detector_matching(det, class_ids=class_ids, placeholder=class_ids[0],
                                            label_mode=vocab.params.label_mode, window_s=MATCH_WINDOW_S)
     section = {**section, "shards_dir": det["_dir"], "split_file": None, "extra_records": None}
     d = builders.beat_test_dataset(tokenizer, comp, section, split=sp.TEST, records=list(test), labels=matching.labels)
