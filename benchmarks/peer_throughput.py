@@ -180,7 +180,7 @@ def ecg_setup(args, work: Path) -> List[str]:
     """Token shards of a few records + random HLM-1M weights; overrides for configs/ecg_lora.yaml."""
     import torch
 
-    from hlmtune._io import atomic_torch_save, atomic_write_text
+    from hlmtune.files import atomic_torch_save, atomic_write_text
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
     from hlmtune.hlm.model import hlm_1m

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from hlmtune._io import atomic_write_bytes, atomic_write_text
+from hlmtune.files import atomic_write_bytes, atomic_write_text
 
 IGNORE_INDEX = -100
 SFT_KEYS = ("tokens", "labels")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from hlmtune._helpfmt import DefaultsHelpFormatter
+from hlmtune.helpformat import DefaultsHelpFormatter
 
 # Names accepted by --dataset (kept here, not imported from report.py, to stay import-light;
 # tests check they match report.BUILDERS).
@@ -64,7 +64,7 @@ def _tokenizer_arg(value: str, sets: Sequence[str] = ()) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
-    from hlmtune._compat import yaml_error_line
+    from hlmtune.compat import yaml_error_line
 
     try:
         cfg = OmegaConf.load(path)

@@ -28,7 +28,7 @@ import os
 import statistics
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
-from hlmtune._io import atomic_write_text
+from hlmtune.files import atomic_write_text
 from hlmtune.data_builders.preference import TEMPLATE_NAMES as _PREF_TEMPLATES
 from hlmtune.data_builders.preference import hh_rlhf_dataset, stack_exchange_paired_dataset
 from hlmtune.data_builders.sft import TEMPLATE_NAMES as _SFT_TEMPLATES

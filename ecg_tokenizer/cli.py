@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from hlmtune._helpfmt import DefaultsHelpFormatter
+from hlmtune.helpformat import DefaultsHelpFormatter
 
 _EPILOG_TOKENIZE = """\
 examples:
@@ -179,7 +179,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     Returns:
         int: 0 all records done, 1 some failed, 2 bad arguments / no input.
     """
-    from hlmtune._io import ensure_dir
+    from hlmtune.files import ensure_dir
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, default_workers, tokenize_sources
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
@@ -283,7 +283,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     Returns:
         int: 0 written, 2 bad arguments (out-of-range flag, --out not a directory).
     """
-    from hlmtune._io import OutputPathError, ensure_dir
+    from hlmtune.files import OutputPathError, ensure_dir
     from hlmtune.ecg_tokenizer.synth import write_synthetic_database
 
     for flag, ok, allowed, value in (

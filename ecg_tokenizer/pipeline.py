@@ -171,7 +171,7 @@ def _write(task: Tuple, res: Tuple[str, str, Any]) -> Tuple[str, str, Any]:
 
 def _worker_init(parent: int) -> None:
     """Pool worker start: die with the parent, even when it is SIGKILLed (no cleanup runs then)."""
-    from hlmtune._proc import die_with_parent
+    from hlmtune.proc import die_with_parent
 
     die_with_parent(expected_parent=parent)
 

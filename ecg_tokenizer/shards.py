@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from hlmtune.ecg_tokenizer.core import TokenizedRecord, get_vocab
-from hlmtune._io import atomic_write_bytes  # noqa: F401  (re-exported: callers import it from here)
+from hlmtune.files import atomic_write_bytes  # noqa: F401  (re-exported: callers import it from here)
 from hlmtune.ecg_tokenizer.records import EcgRecord, sha256_file
 from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from hlmtune._proc import LAUNCHER_PID_ENV
+from hlmtune.proc import LAUNCHER_PID_ENV
 
 _RUN_USAGE = "hlmtune run [TORCHRUN-OPTIONS] <recipe> --config <config> [key=value ...]"
 
@@ -395,7 +395,7 @@ def run_command(argv: List[str], debug: bool = False) -> int:
         print(f"hlmtune run: warning: {line}", file=sys.stderr)
     print("Running: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
     sys.stdout.flush()
-    # The ranks torchrun starts die with it; this pid survives the exec (hlmtune/_proc.py).
+    # The ranks torchrun starts die with it; this pid survives the exec (hlmtune/proc.py).
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     if debug:  # the recipe keeps the traceback of a data error (hlmtune/training/recipe.py)
         os.environ["HLM_DEBUG"] = "1"
@@ -417,7 +417,7 @@ def validate_cli(argv: List[str]) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from hlmtune._compat import load_config
+    from hlmtune.compat import load_config
     from hlmtune.launch import PreLaunchError
     from hlmtune.preflight import env_problems, preflight
     from hlmtune.registry import RECIPES, recipe_for_config, recipe_in_header, resolve_config, resolve_recipe

@@ -34,7 +34,7 @@ def main(argv: List[str]) -> None:
     handler = ErrorHandler()
     handler.initialize()
     if os.environ.get("HLM_EAGER_HF_DATASETS") != "1":  # ~100 MiB less per rank; see the function
-        from hlmtune._compat import import_torchtune_deferring_hf_datasets
+        from hlmtune.compat import import_torchtune_deferring_hf_datasets
 
         import_torchtune_deferring_hf_datasets()
     try:

@@ -54,7 +54,7 @@ def check_before_launch(cfg_path: Path, overrides: List[str], recipe: "ResolvedR
         PreLaunchError: one line per problem (missing paths, unset variables, unwritable
             output, unknown keys, bad values, bad component arguments).
     """
-    from hlmtune._compat import load_config
+    from hlmtune.compat import load_config
     from hlmtune.preflight import preflight
     from hlmtune.training.schema import ConfigError, config_warnings, validate_config
 
@@ -83,7 +83,7 @@ def check_before_launch(cfg_path: Path, overrides: List[str], recipe: "ResolvedR
 
 
 def _is_torchtune_builtin(path: Path) -> bool:
-    from hlmtune._compat import builtin_recipes
+    from hlmtune.compat import builtin_recipes
 
     _, root = builtin_recipes()
     try:

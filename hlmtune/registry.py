@@ -162,7 +162,7 @@ def resolve_recipe(name: str) -> ResolvedRecipe:
             return ResolvedRecipe(name, None, p, read_spec(p))
         except SpecError as e:
             raise ValueError(str(e)) from None
-    from hlmtune._compat import builtin_recipes
+    from hlmtune.compat import builtin_recipes
 
     recipes, root = builtin_recipes()
     for r in recipes:
@@ -189,7 +189,7 @@ def resolve_config(name: str) -> Path:
         return p
     if Path(name).is_file():
         return Path(name).resolve()
-    from hlmtune._compat import builtin_recipes
+    from hlmtune.compat import builtin_recipes
 
     recipes, root = builtin_recipes()
     for r in recipes:

@@ -41,7 +41,7 @@ def run_demo(*, out: Path, data: Optional[str], steps: int, max_ranks: int) -> i
     if not data_path.is_file():
         print(f"hlmtune scaling-demo: {data_path} does not exist", file=sys.stderr)
         return 2
-    from hlmtune._io import OutputPathError, ensure_dir
+    from hlmtune.files import OutputPathError, ensure_dir
     from hlmtune.tiny import write_tiny_assets
 
     try:

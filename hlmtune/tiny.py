@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hlmtune._io import atomic_write_bytes, atomic_write_text
+from hlmtune.files import atomic_write_bytes, atomic_write_text
 
 # A few paragraphs of plain English so the merges look like a language tokenizer's.
 _CORPUS = """
@@ -82,7 +82,7 @@ def train_bpe_ranks(text: str, num_merges: int) -> Dict[bytes, int]:
 
 def llama3_special_token_names() -> List[str]:
     """Names of the 256 Llama3 special tokens in id order (from torchtune's table)."""
-    from hlmtune._compat import llama3_special_tokens
+    from hlmtune.compat import llama3_special_tokens
 
     return [name for name, _ in sorted(llama3_special_tokens().items(), key=lambda kv: kv[1])]
 

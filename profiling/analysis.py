@@ -384,7 +384,7 @@ def main_collect(args: Any) -> int:
         int: 0; 1 when some run could not be read at all (the others are tabled); 2 when
         there is nothing to table (no run directory: nothing is written) or ``--out`` is a file.
     """
-    from hlmtune._io import OutputPathError, check_dir_path
+    from hlmtune.files import OutputPathError, check_dir_path
 
     try:
         check_dir_path(args.out, "--out")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from hlmtune._helpfmt import DefaultsHelpFormatter
+from hlmtune.helpformat import DefaultsHelpFormatter
 
 
 def _collect(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from hlmtune._io import atomic_write_text
+from hlmtune.files import atomic_write_text
 
 RUN_FILE = "run.json"
 STEPS_FILE = "steps.jsonl"

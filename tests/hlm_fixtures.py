@@ -26,7 +26,7 @@ SECONDS = 300
 
 def make_shards(root: Path) -> Dict[str, object]:
     """Tokenize the test records; returns ``{"shards", "split_file", "real"}``."""
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 

@@ -26,7 +26,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from hlmtune import registry
-from hlmtune._compat import load_config
+from hlmtune.compat import load_config
 from hlmtune.training.schema import RECIPE_KEYS, ConfigError, build_model_on_meta, validate_config
 
 CONFIGS_DIR = registry.configs_dir()

@@ -108,7 +108,7 @@ import json, subprocess, sys
 
 import torch
 
-from hlmtune._compat import load_config
+from hlmtune.compat import load_config
 
 config, module, cls_name, out, model_dir, data_dir = sys.argv[1:7]
 hlmtune = sys.executable[: -len("python")] + "hlmtune"

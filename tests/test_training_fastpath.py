@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hlmtune.training.fastpath import (
-    _prunable_last_layer, causal_sdpa_blocked, gqa_pays, inference_fastpath, query_logits, target_logits_applies,
+    prunable_last_layer, causal_sdpa_blocked, gqa_pays, inference_fastpath, query_logits, target_logits_applies,
     target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear, onednn_linear,
     onednn_linear_pays,
@@ -340,12 +340,12 @@ def test_checkpointed_last_layer_keeps_torchtunes_layer():
 
 def test_compiled_or_already_patched_last_layer_is_left_alone():
     m = _model()
-    assert _prunable_last_layer(m) is m.layers[-1]
+    assert prunable_last_layer(m) is m.layers[-1]
     m.layers[-1].compile()  # lazy: nothing compiles until called
-    assert _prunable_last_layer(m) is None
+    assert prunable_last_layer(m) is None
     m = _model()
     m.layers[-1].forward = m.layers[-1].forward  # someone else's instance forward
-    assert _prunable_last_layer(m) is None
+    assert prunable_last_layer(m) is None
 
 
 def test_last_layer_with_another_mask_kind_runs_whole_then_selects():

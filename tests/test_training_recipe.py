@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hlmtune._compat import load_config
+from hlmtune.compat import load_config
 from hlmtune.registry import config_path
 
 

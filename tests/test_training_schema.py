@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from hlmtune._compat import load_config
+from hlmtune.compat import load_config
 from hlmtune.registry import config_path
 from hlmtune.training.schema import (
     RECIPE_KEYS, ConfigError, build_model_on_meta, config_warnings, resolve_component, validate_config,

@@ -87,7 +87,7 @@ def test_discovery_requires_a_spec_named_like_the_file(tmp_path):
 
 
 def test_spec_keys_drive_validation(monkeypatch, tmp_path):
-    from hlmtune._compat import load_config
+    from hlmtune.compat import load_config
 
     monkeypatch.setenv("HLM_DATA", str(tmp_path))
     cfg = load_config(str(registry.config_path("tiny_full")), ["toy_scale=2.0"])

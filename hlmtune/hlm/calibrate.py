@@ -116,7 +116,7 @@ def nested_predictions(folds: Sequence[Tuple[np.ndarray, np.ndarray]], *,
 def write_calibration(path: Path, *, classes: Sequence[str], bias: Sequence[float], records: Sequence[str],
                       source: str, summary: Dict[str, Any]) -> None:
     """Write a calibration file (atomic): the bias per class and the records it was fitted on."""
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
 
     doc = {
         "kind": "hlm_class_bias",

@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from hlmtune._helpfmt import RawDefaultsHelpFormatter
+from hlmtune.helpformat import RawDefaultsHelpFormatter
 from hlmtune.hlm.pipeline import PRETRAIN_STEPS, pretrain_dirs
 
 CLASSES_BALANCED = ("S", "V")  # spread evenly over folds, rarest first: the classes the issue scores
@@ -152,7 +152,7 @@ def _fold_db(pool: Dict[str, Path], fold_dir: Path, train: Sequence[str], held_o
     A record id with a database (``svdb/800``) is linked under that subfolder, so the fold's
     records keep their ids in its shards.
     """
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
     from hlmtune.hlm.pipeline import SYNTHETIC_MARK
 
     d = fold_dir / "db"
@@ -367,7 +367,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
     """
     if not overrides:
         return
-    from hlmtune._compat import load_config
+    from hlmtune.compat import load_config
     from hlmtune.registry import resolve_config
     from hlmtune.training.schema import ConfigError, validate_config
 
@@ -411,7 +411,7 @@ def run_cv(
         svdb (Optional[str]): extra training patients of every fold (``auto``: ``$HLM_DATA/svdb``
             with MIT-BIH data; a folder; None / ``none``), as ``hlmtune demo --svdb``; never held out.
     """
-    from hlmtune._io import atomic_write_bytes, atomic_write_text, ensure_dir
+    from hlmtune.files import atomic_write_bytes, atomic_write_text, ensure_dir
     from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
     from hlmtune.hlm import calibrate
     from hlmtune.hlm.pipeline import examples_trained
@@ -484,7 +484,7 @@ def cv_setup(out: Path, *, data: Optional[str], source: str, svdb: Optional[str]
 
     A baseline of other folds is refused here, before any fold trains.
     """
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
     from hlmtune.ecg_tokenizer.splits import load_split_file
     from hlmtune.hlm.pipeline import SYNTHETIC_MARK, find_data, find_svdb
 

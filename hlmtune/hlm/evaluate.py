@@ -89,7 +89,7 @@ def load_model(cfg: Any, weights: Path, *, quantizer_cfg: Any = None, quantized_
     import torch
     from torchtune import config
 
-    from hlmtune._compat import ensure_torchao_aliases
+    from hlmtune.compat import ensure_torchao_aliases
 
     model_cfg = base_builder_config(cfg.model)
     with torch.device("cpu"):
@@ -151,7 +151,7 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     from torchtune.modules import TransformerDecoder
     from tqdm import tqdm
 
-    from hlmtune.training.fastpath import _prunable_last_layer, inference_fastpath, query_logits
+    from hlmtune.training.fastpath import prunable_last_layer, inference_fastpath, query_logits
 
     if positions is None:
         positions = [[len(p) - 1] for p in prompts]
@@ -165,7 +165,7 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     logprobs = torch.zeros(first[-1], len(choices)) if return_logprobs else None
     fixed_width = max((len(p) for p in prompts), default=1)
     fast = (fast and isinstance(model, TransformerDecoder) and not model.output_hidden_states
-            and _prunable_last_layer(model) is not None)
+            and prunable_last_layer(model) is not None)
     if fast:
         def step(tokens: Any, idx: Any) -> Any:  # (B, T), (B, Tq) -> (B, Tq, V)
             return query_logits(model, tokens, idx)
@@ -650,7 +650,7 @@ def write_outputs(out: Path, metrics: Dict[str, Any], test: EvalSet, rows: List[
     """Stage 5: ``predictions.npz``, ``metrics.json``, ``confusion.csv`` / ``.png`` and ``report.md`` (atomic writes)."""
     import numpy as np
 
-    from hlmtune._io import atomic_write_bytes
+    from hlmtune.files import atomic_write_bytes
 
     out.mkdir(parents=True, exist_ok=True)
     results = metrics["results"]
@@ -932,7 +932,7 @@ def load_run_config(target: str, overrides: Sequence[str]) -> Any:
     """A run's config from a pack name, a YAML path or a run folder, with overrides applied."""
     from omegaconf import OmegaConf
 
-    from hlmtune._compat import load_config
+    from hlmtune.compat import load_config
     from hlmtune.registry import resolve_config
 
     p = Path(target)

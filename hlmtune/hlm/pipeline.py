@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hlmtune._helpfmt import DefaultsHelpFormatter
-from hlmtune._io import OutputPathError
+from hlmtune.helpformat import DefaultsHelpFormatter
+from hlmtune.files import OutputPathError
 from hlmtune.ecg_tokenizer.splits import SplitError, load_split_file
 
 COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
@@ -144,7 +144,7 @@ def find_svdb(svdb: Optional[str], *, mitdb: bool) -> Optional[Path]:
 
 def synthetic_database(path: Path, n_records: int = 8, duration_s: float = 300.0) -> Path:
     """A synthetic WFDB database with a ``splits.json`` (first 5 records train, the rest test)."""
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
     from hlmtune.ecg_tokenizer.synth import write_synthetic_database
 
     if not (path / "splits.json").exists():
@@ -256,7 +256,7 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
         the kept run ran; None for a kept run stamped before times were recorded; whether it ran:
         stages downstream must then rerun).
     """
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
 
     t0 = time.perf_counter()
     stamp = run_dir / STAGE_STAMP
@@ -416,7 +416,7 @@ def plot_training(runs: Dict[str, List[Dict[str, Any]]], out: Path) -> List[str]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hlmtune._io import atomic_write_bytes
+    from hlmtune.files import atomic_write_bytes
 
     files = []
     for key, ylabel, fname in (
@@ -504,7 +504,7 @@ def run_pipeline(
             Database: ``auto`` (``$HLM_DATA/svdb`` when it is there and the data is MIT-BIH), a
             folder, or None / ``none`` (DS1 only).
     """
-    from hlmtune._io import ensure_dir
+    from hlmtune.files import ensure_dir
     from hlmtune.hlm.model import ARCHS
 
     if model not in ARCHS:
@@ -699,7 +699,7 @@ def stage_evaluate(job: Job, ft: Trained, *, retrained: bool, max_eval: Optional
                    calibration: Optional[Path]) -> Dict[str, Any]:
     """Stage 5: the test split through the fine-tune(s) (an ensemble of several), kept on a rerun
     when no model changed and it was asked the same way."""
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
     from hlmtune.hlm.evaluate import evaluate, load_run_config
 
     t0 = time.perf_counter()
@@ -733,7 +733,7 @@ def stage_report(job: Job, metrics: Dict[str, Any], pre: Trained, ft: Trained, *
                  calibration: Optional[Path]) -> Path:
     """Stage 6: ``report/report.md`` (results, baselines, per record and timing, training, wall
     time), the training plots and ``timings.json``; returns the report's path."""
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
     from hlmtune.hlm.report import job_report_markdown
 
     report = job.out / "report"

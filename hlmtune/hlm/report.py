@@ -145,7 +145,7 @@ def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hlmtune._io import atomic_write_bytes
+    from hlmtune.files import atomic_write_bytes
 
     n = len(classes)
     rows = [[m[i][j] / max(1, sum(m[i])) for j in range(n)] for i in range(n)]

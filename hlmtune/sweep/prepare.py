@@ -135,7 +135,7 @@ def task_config(grid: Grid, task: Task, cfg_path: Path, run_dir: Path):
     """
     from omegaconf import OmegaConf
 
-    from hlmtune._compat import load_config
+    from hlmtune.compat import load_config
 
     cfg = load_config(str(cfg_path), [])
     for key in task.unset:
@@ -396,7 +396,7 @@ def write_plan(plan: Plan, *, resume: bool) -> None:
         plan (Plan): a rendered plan.
         resume (bool): resuming: complete runs keep their files.
     """
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
 
     d = plan.sweep_dir
     (d / "logs").mkdir(parents=True, exist_ok=True)
@@ -427,7 +427,7 @@ def load_submissions(sweep_dir: Path) -> List[Dict[str, Any]]:
 
 def record_submission(sweep_dir: Path, entry: Dict[str, Any]) -> None:
     """Append one submission to ``submissions.json`` (atomic rewrite)."""
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
 
     subs = load_submissions(sweep_dir) + [entry]
     atomic_write_text(Path(sweep_dir) / SUBMISSIONS, json.dumps(subs, indent=2) + "\n")

@@ -161,7 +161,7 @@ def task_table(manifest: Dict[str, Any], rows: List[Dict[str, Any]]) -> List[Dic
 
 def write_table(table: List[Dict[str, Any]], out_dir: Path) -> List[Path]:
     """``tasks.csv`` and ``tasks.md`` (atomic writes)."""
-    from hlmtune._io import atomic_write_text
+    from hlmtune.files import atomic_write_text
 
     if not table:
         return []

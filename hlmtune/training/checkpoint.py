@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
-from hlmtune._io import atomic_torch_save
+from hlmtune.files import atomic_torch_save
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,

@@ -16,7 +16,7 @@ from typing import Any, List, Sequence
 import torch
 import torch.distributed as dist
 
-from hlmtune._proc import die_with_parent, launcher_pid
+from hlmtune.proc import die_with_parent, launcher_pid
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def init_distributed(device_name: str | None, timeout_s: float = 1800.0) -> Dist
 
 
 def _die_with_launcher() -> None:
-    """Under torchrun: this rank dies when the launcher does (see ``hlmtune/_proc.py``).
+    """Under torchrun: this rank dies when the launcher does (see ``hlmtune/proc.py``).
 
     torchrun puts each rank in a new session, so killing the launcher's process group leaves
     the ranks running; the parent-death signal closes that gap. The launcher may have died

@@ -332,7 +332,7 @@ def onednn_linear_pays() -> bool:
     found = _probe_onednn()
     kept[key] = {**found, "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     try:
-        from hlmtune._io import atomic_write_text
+        from hlmtune.files import atomic_write_text
 
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(kept, indent=1) + "\n")
@@ -570,7 +570,7 @@ def _last_layer_at_targets(layer: Any, x: torch.Tensor, idx: torch.Tensor, mask:
     return h + layer.mlp_scale(layer.mlp(layer.mlp_norm(h)))
 
 
-def _prunable_last_layer(model: torch.nn.Module) -> Any:
+def prunable_last_layer(model: torch.nn.Module) -> Any:
     """The model's last layer if :func:`_last_layer_at_targets` can stand in for it, else None."""
     from torchtune.modules import MultiHeadAttention, TransformerSelfAttentionLayer
 
@@ -609,7 +609,7 @@ def target_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterato
         order of ``keep`` (the order of ``labels[keep]``).
     """
     own = model.__dict__.get("unembed")
-    layer = _prunable_last_layer(model) if bool(keep.any()) else None
+    layer = prunable_last_layer(model) if bool(keep.any()) else None
     select = keep  # which rows of the last layer's output go to the head
     if layer is not None:
         counts = keep.sum(dim=1)  # (B,)
@@ -713,7 +713,7 @@ def query_logits(model: torch.nn.Module, tokens: torch.Tensor, idx: torch.Tensor
     and the final norm and the vocabulary projection see those rows alone. A plain function of
     tensors, so ``torch.compile`` of it specializes once on fixed shapes (no module state swapped
     per call, as :func:`target_positions_only` does). The caller checks the model with
-    :func:`_prunable_last_layer` (and that it has no intermediate hidden-state outputs).
+    :func:`prunable_last_layer` (and that it has no intermediate hidden-state outputs).
 
     Args:
         model (torch.nn.Module): an unwrapped ``TransformerDecoder``.

@@ -18,8 +18,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torchtune import config, training, utils
 
-from hlmtune._compat import ensure_torchao_aliases, fake_quant_toggles
-from hlmtune._io import atomic_torch_save
+from hlmtune.compat import ensure_torchao_aliases, fake_quant_toggles
+from hlmtune.files import atomic_torch_save
 
 log = utils.get_logger("INFO")
 

@@ -35,7 +35,7 @@ from torchtune import config, training, utils
 from torchtune.modules import TransformerCrossAttentionLayer, TransformerSelfAttentionLayer
 from tqdm import tqdm
 
-from hlmtune._io import atomic_torch_save
+from hlmtune.files import atomic_torch_save
 from hlmtune.training import checkpoint as ckpt
 from hlmtune.training.activation_memory import choose_checkpointed_layers
 from hlmtune.training.dist import (
@@ -227,7 +227,7 @@ class RecipeBase:
         torchtune's DiskLogger writes the same file; other loggers (the collector alone, WandB)
         do not, and ``hlmtune eval <run dir>`` and sweeps read the config a run ran with.
         """
-        from hlmtune._io import atomic_write_text
+        from hlmtune.files import atomic_write_text
 
         path = self._output_dir / "torchtune_config.yaml"
         self._output_dir.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from hlmtune._io import OutputPathError, check_dir_path, ensure_dir
+from hlmtune.files import OutputPathError, check_dir_path, ensure_dir
 from hlmtune.training.errors import RunError
 
 LOCK_NAME = ".hlmtune-run.lock"

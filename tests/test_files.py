@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hlmtune._io import atomic_torch_save, atomic_write, atomic_write_bytes, atomic_write_text
+from hlmtune.files import atomic_torch_save, atomic_write, atomic_write_bytes, atomic_write_text
 
 
 def test_writes_and_replaces(tmp_path):
