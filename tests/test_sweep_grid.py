@@ -114,3 +114,32 @@ def test_not_yaml_and_missing(tmp_path):
     p.write_text("!!python/object/apply:os.system ['true']\n")
     with pytest.raises(GridError, match="not valid YAML"):  # safe loading: no object construction
         load_grid(p)
+
+
+@pytest.mark.parametrize("section,expect", [
+    ({"node": {"gpu": 4}}, "unknown key 'node.gpu' (did you mean 'node.gpus'?)"),
+    ({"node": {"gpus": -1}}, "node.gpus must be an integer >= 0, got -1"),
+    ({"node": [1]}, "node must be a mapping"),
+    ({"requeue": {"signal_seconds": 0}}, "requeue.signal_seconds must be an integer > 0"),
+    ({"container": {"runtime": "apptainer"}}, "container: missing required key 'image'"),
+    ({"container": {"image": "x.sif", "runtime": "apptaner"}}, "container.runtime must be one of"),
+    ({"environment": {"vars": {"1A": "x"}}}, "'1A' is not an environment variable name"),
+    ({"environment": {"setup": ["module load x"]}}, "environment.setup must be shell lines as one string"),
+    ({"collect": {"enabled": "yes"}}, "collect.enabled must be True or False, got 'yes'"),
+    ({"collect": {"slurm": {"partion": "x"}}}, "collect.slurm: unknown key 'partion' (did you mean 'partition'?)"),
+])
+def test_sections_are_checked_by_their_dataclass(tmp_path, section, expect):
+    assert expect in _err(tmp_path, axes={"devices": [1]}, **section)
+
+
+def test_sections_parse_to_typed_defaults(tmp_path):
+    from hlmtune.sweep.grid import CollectSpec, ContainerSpec, EnvironmentSpec, NodeSpec, RequeueSpec
+
+    g = load_grid(_grid(tmp_path, axes={"devices": [1]}))
+    assert (g.node, g.requeue, g.environment, g.container, g.collect) == (
+        NodeSpec(gpus=4, cpus=64), RequeueSpec(enabled=False), EnvironmentSpec(), None, CollectSpec())
+    g = load_grid(_grid(tmp_path, axes={"devices": [1]}, requeue={}, environment={"vars": {"A": 1}},
+                        container={"image": "a.sif", "binds": "/data"}))
+    assert g.requeue.enabled and g.requeue.signal_seconds == 300  # a `requeue:` section turns it on
+    assert g.environment.vars == {"A": "1"} and g.container == ContainerSpec(image="a.sif", binds=("/data",))
+    assert not load_grid(_grid(tmp_path, axes={"devices": [1]}, requeue={"enabled": False})).requeue.enabled

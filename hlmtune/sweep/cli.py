@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -110,7 +111,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from hlmtune.sweep.files import resolve_grid
-    from hlmtune.sweep.grid import expand, load_grid
+    from hlmtune.sweep.grid import ContainerSpec, expand, load_grid
     from hlmtune.sweep.prepare import SweepError, build_plan, check_reuse, sweep_dir_for, write_plan
     from hlmtune.sweep.render import render_plan
 
@@ -118,7 +119,7 @@ def _sweep(args: argparse.Namespace) -> int:
         raise SweepError(f"--max-concurrent {args.max_concurrent}: needs at least 1")
     grid = load_grid(resolve_grid(args.grid))
     if args.container:
-        grid.container = {**(grid.container or {"runtime": "auto", "binds": [], "options": []}), "image": args.container}
+        grid.container = dataclasses.replace(grid.container or ContainerSpec(image=args.container), image=args.container)
     tasks = expand(grid)
     sweep_dir = sweep_dir_for(grid, args.runs_dir)
     plan = build_plan(grid, tasks, sweep_dir, check_paths=args.check_paths)
@@ -150,11 +151,11 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.local:
         from hlmtune.sweep.local import run_local
 
-        return run_local(plan.manifest, grid.environment, ids)
+        return run_local(plan.manifest, dataclasses.asdict(grid.environment), ids)
     if args.submit or args.resume:
         from hlmtune.sweep.slurm import submit
 
-        entry = submit(plan.manifest, sweep_dir, ids, k, collect=not args.no_collect and grid.collect["enabled"])
+        entry = submit(plan.manifest, sweep_dir, ids, k, collect=not args.no_collect and grid.collect.enabled)
         for a in entry["arrays"]:
             print(f"submitted array job {a['job_id']} (--array={a['array']})")
         if entry["collect_job_id"]:
@@ -164,7 +165,7 @@ def _sweep(args: argparse.Namespace) -> int:
     print("submit by hand:")
     for g in plan.manifest["groups"]:
         print(f"  sbatch {sweep_dir / g['script']}")
-    if grid.collect["enabled"]:
+    if grid.collect.enabled:
         print(f"  sbatch --dependency=afterany:<job ids> {sweep_dir / 'collect.sbatch'}")
     print(f"or: hlmtune sweep {args.grid} --resume   (submits the tasks not yet complete)")
     return 0

@@ -21,6 +21,7 @@ Every error names the grid file and the key (with the closest known key for typo
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import itertools
 import re
@@ -29,11 +30,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from hlmtune.training.options import (
+    REQUIRED,
+    as_str_tuple,
+    check_any,
+    check_bool,
+    check_choice,
+    check_int_ge0,
+    check_int_gt0,
+    check_opt_bool,
+    check_opt_int_gt0,
+    check_str,
+    check_str_list,
+    option,
+    parse_section,
+)
+
 TOP_KEYS = (
     "name", "description", "config", "recipe", "set", "unset", "runs_dir", "node", "slurm",
     "requeue", "environment", "container", "collect", "templates", "axes", "zip", "exclude",
 )
-NODE_KEYS = ("gpus", "cpus")
 # Resources of one task: they may be axes, per-value overrides, or set once under `slurm:`.
 TASK_SLURM_KEYS = (
     "nodes", "devices", "cpus_per_task", "mem", "time", "partition", "account", "qos",
@@ -42,10 +58,6 @@ TASK_SLURM_KEYS = (
 # Settings of the whole array (only under the top-level `slurm:`).
 ARRAY_SLURM_KEYS = ("max_concurrent", "template", "job_name")
 SLURM_KEYS = TASK_SLURM_KEYS + ARRAY_SLURM_KEYS
-REQUEUE_KEYS = ("enabled", "signal_seconds", "save_every_n_steps")
-ENV_KEYS = ("setup", "vars", "hlmtune")
-CONTAINER_KEYS = ("image", "runtime", "binds", "options")
-COLLECT_KEYS = ("enabled", "slurm")
 COLLECT_SLURM_KEYS = ("partition", "account", "qos", "time", "mem", "cpus_per_task", "constraint", "reservation", "extra")
 AXIS_KEYS = ("key", "label", "values")
 VALUE_KEYS = ("value", "label", "set", "unset", "config", "recipe", "slurm")
@@ -72,6 +84,84 @@ def closest(name: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices``, or ``""``."""
     match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _check_setup(v: Any) -> Optional[str]:
+    return None if v is None or isinstance(v, str) else "must be shell lines as one string (use `setup: |`)"
+
+
+def _check_env_vars(v: Any) -> Optional[str]:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        return "must be a mapping NAME: value"
+    for k, x in v.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            return f"must be a mapping NAME: value ({k!r} is not an environment variable name)"
+        if isinstance(x, (Mapping, list)) or x is None:
+            return f"must map each name to a scalar ({k}: {x!r})"
+    return None
+
+
+def _check_opt_name(v: Any) -> Optional[str]:
+    return None if v is None else check_str(v)
+
+
+# The grid's fixed sections, declared on the recipes' option machinery (training/options.py):
+# each key's type, default, check and meaning in one place. `slurm:` is not among them: its
+# keys are also axis names and per-value overrides, checked by check_slurm().
+@dataclass(frozen=True)
+class NodeSpec:
+    """``node:`` what one node of the cluster has (each task is checked against it)."""
+
+    gpus: int = option(0, check_int_ge0, "GPUs per node (0: CPU nodes; devices are CPU ranks)")
+    cpus: Optional[int] = option(None, check_opt_int_gt0, "CPUs per node (null: not checked)")
+
+
+@dataclass(frozen=True)
+class RequeueSpec:
+    """``requeue:`` resubmission at the time limit (the rerun resumes from its checkpoint)."""
+
+    enabled: Optional[bool] = option(None, check_opt_bool, "requeue on the time-limit signal (default: on when "
+                                     "the section is given)")
+    signal_seconds: int = option(300, check_int_gt0, "seconds before the limit that SLURM signals the job")
+    save_every_n_steps: Optional[int] = option(None, check_opt_int_gt0, "checkpoint interval forced on every task "
+                                               "(null: the config's)")
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """``environment:`` what every task runs in."""
+
+    setup: str = option("", _check_setup, "shell lines run before each task (module load, conda activate)",
+                        convert=lambda v: v or "")
+    vars: Dict[str, str] = option({}, _check_env_vars, "environment variables of every task",
+                                  convert=lambda v: {k: str(x) for k, x in (v or {}).items()})
+    hlmtune: Optional[str] = option(None, _check_opt_name, "the command that runs hlmtune on the nodes "
+                                    "(default: this installation's)")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """``container:`` an Apptainer/Singularity image every task runs in."""
+
+    image: str = option(REQUIRED, check_str, "the image (.sif)")
+    runtime: str = option("auto", check_choice(RUNTIMES), "apptainer, singularity, or auto (whichever is on PATH)")
+    binds: Tuple[str, ...] = option((), check_str_list, "host paths bound into the container", convert=as_str_tuple)
+    options: Tuple[str, ...] = option((), check_str_list, "more apptainer exec options", convert=as_str_tuple)
+
+
+@dataclass(frozen=True)
+class CollectSpec:
+    """``collect:`` the job that gathers the runs' metrics when the arrays end."""
+
+    enabled: bool = option(True, check_bool, "submit the collect job after the arrays (afterany)")
+    slurm: Dict[str, Any] = option({}, check_any, f"its resources: {', '.join(COLLECT_SLURM_KEYS)} "
+                                   "(partition, account, qos: the arrays' unless given)")
+
+
+GRID_SECTIONS = {"node": NodeSpec, "requeue": RequeueSpec, "environment": EnvironmentSpec,
+                 "container": ContainerSpec, "collect": CollectSpec}
 
 
 @dataclass(frozen=True)
@@ -153,12 +243,12 @@ class Grid:
     set: Dict[str, Any]
     unset: List[str]
     runs_dir: Optional[str]
-    node: Dict[str, Any]
+    node: NodeSpec
     slurm: Dict[str, Any]
-    requeue: Dict[str, Any]
-    environment: Dict[str, Any]
-    container: Optional[Dict[str, Any]]
-    collect: Dict[str, Any]
+    requeue: RequeueSpec
+    environment: EnvironmentSpec
+    container: Optional[ContainerSpec]
+    collect: CollectSpec
     templates: Optional[Path]
     dims: List[List[Tuple[Axis, ...]]]  # each dimension: one axis, or one zip group
     axes: List[Axis]
@@ -184,6 +274,14 @@ class _Ctx:
             if k not in allowed:
                 raise self.err(where, f"unknown key '{k}'{closest(str(k), allowed)}; known: {', '.join(allowed)}")
         return dict(node)
+
+    def section(self, cls: type, node: Any, where: str) -> Any:
+        """``cls`` (a :data:`GRID_SECTIONS` dataclass) parsed from ``node``; the first problem raises."""
+        errors: List[str] = []
+        out = parse_section(cls, node, where, errors, lambda n, c, prefix="": closest(n, c).replace("'", f"'{prefix}", 1))
+        if errors:
+            raise GridError(f"{self.path}: {errors[0]}")
+        return out
 
     def pos_int(self, v: Any, where: str, *, zero: bool = False) -> int:
         ok = isinstance(v, int) and not isinstance(v, bool) and (v >= 0 if zero else v > 0)
@@ -373,16 +471,33 @@ def load_grid(path: str | Path) -> Grid:
     Raises:
         GridError: unreadable YAML or any schema problem (names the file and the key).
     """
-    import yaml
-
     p = Path(path)
     ctx = _Ctx(p)
+    top = _top_level(ctx, _read_yaml(p))
+    axes, dims = _dimensions(ctx, top)
+    config, recipe = _base_config(ctx, top, axes)
+    return Grid(
+        path=p.resolve(), raw=dict(top), name=top["name"], config=config, recipe=recipe,
+        set=ctx.overrides(top.get("set"), "set"), unset=ctx.str_list(top.get("unset"), "unset"),
+        runs_dir=ctx.string(top["runs_dir"], "runs_dir") if top.get("runs_dir") is not None else None,
+        slurm=check_slurm(ctx, top.get("slurm"), "slurm", SLURM_KEYS), templates=_templates(ctx, top),
+        dims=dims, axes=axes, exclude=_exclusions(ctx, top, axes), **_sections(ctx, top),
+    )
+
+
+def _read_yaml(p: Path) -> Any:
+    import yaml
+
     try:
-        raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_yaml_loader())  # safe: a SafeLoader subclass
+        return yaml.load(p.read_text(encoding="utf-8"), Loader=_yaml_loader())  # safe: a SafeLoader subclass
     except FileNotFoundError:
         raise GridError(f"{p}: no such grid file") from None
     except yaml.YAMLError as e:
         raise GridError(f"{p}: not valid YAML: {e}") from None
+
+
+def _top_level(ctx: _Ctx, raw: Any) -> Dict[str, Any]:
+    """The top-level mapping: known keys, the required ones, a name usable as a folder and job."""
     top = ctx.mapping(raw, "top level", TOP_KEYS)
     for req in ("name", "config"):
         if req not in top:
@@ -390,54 +505,32 @@ def load_grid(path: str | Path) -> Grid:
     name = ctx.string(top["name"], "name")
     if not _NAME.match(name):
         raise ctx.err("name", f"{name!r}: use letters, digits, '.', '_', '+', '-' (it names runs/<name>/ and the SLURM job)")
-    node = ctx.mapping(top.get("node"), "node", NODE_KEYS)
-    node.setdefault("gpus", 0)
-    ctx.pos_int(node["gpus"], "node.gpus", zero=True)
-    if node.get("cpus") is not None:
-        ctx.pos_int(node["cpus"], "node.cpus")
-    slurm = check_slurm(ctx, top.get("slurm"), "slurm", SLURM_KEYS)
-    rq = ctx.mapping(top.get("requeue"), "requeue", REQUEUE_KEYS)
-    requeue = {
-        "enabled": bool(rq.get("enabled", "requeue" in top and top["requeue"] is not None)),
-        "signal_seconds": rq.get("signal_seconds", 300),
-        "save_every_n_steps": rq.get("save_every_n_steps"),
-    }
-    ctx.pos_int(requeue["signal_seconds"], "requeue.signal_seconds")
-    if requeue["save_every_n_steps"] is not None:
-        ctx.pos_int(requeue["save_every_n_steps"], "requeue.save_every_n_steps")
-    env = ctx.mapping(top.get("environment"), "environment", ENV_KEYS)
-    if env.get("setup") is not None and not isinstance(env["setup"], str):
-        raise ctx.err("environment.setup", "expected shell lines as one string (use `setup: |`)")
-    env_vars = env.get("vars") or {}
-    if not isinstance(env_vars, Mapping):
-        raise ctx.err("environment.vars", f"expected a mapping NAME: value, got {env_vars!r}")
-    for k, v in env_vars.items():
-        if not isinstance(k, str) or not _ENV_NAME.match(k):
-            raise ctx.err("environment.vars", f"{k!r} is not an environment variable name")
-        if isinstance(v, (Mapping, list)) or v is None:
-            raise ctx.err(f"environment.vars.{k}", f"expected a scalar, got {v!r}")
-    env = {"setup": env.get("setup") or "", "vars": {k: str(v) for k, v in env_vars.items()},
-           "hlmtune": ctx.string(env["hlmtune"], "environment.hlmtune") if env.get("hlmtune") else None}
-    container = None
-    if top.get("container") is not None:
-        c = ctx.mapping(top["container"], "container", CONTAINER_KEYS)
-        if "image" not in c:
-            raise ctx.err("container", "missing required key 'image' (an Apptainer/Singularity .sif)")
-        rt = c.get("runtime", "auto")
-        if rt not in RUNTIMES:
-            raise ctx.err("container.runtime", f"{rt!r} is not one of {RUNTIMES}{closest(str(rt), RUNTIMES)}")
-        container = {"image": ctx.string(c["image"], "container.image"), "runtime": rt,
-                     "binds": ctx.str_list(c.get("binds"), "container.binds"),
-                     "options": ctx.str_list(c.get("options"), "container.options")}
-    col = ctx.mapping(top.get("collect"), "collect", COLLECT_KEYS)
-    collect = {"enabled": bool(col.get("enabled", True)),
-               "slurm": check_slurm(ctx, col.get("slurm"), "collect.slurm", COLLECT_SLURM_KEYS)}
-    templates = None
-    if top.get("templates") is not None:
-        templates = (p.parent / ctx.string(top["templates"], "templates")).resolve()
-        if not templates.is_dir():
-            raise ctx.err("templates", f"{templates} is not a directory (copy the pack's with `hlmtune cp`)")
+    return top
 
+
+def _sections(ctx: _Ctx, top: Mapping[str, Any]) -> Dict[str, Any]:
+    """``node``, ``requeue``, ``environment``, ``container``, ``collect`` as their dataclasses."""
+    out = {key: ctx.section(cls, top.get(key), key) for key, cls in GRID_SECTIONS.items()
+           if key != "container" or top.get(key) is not None}
+    out.setdefault("container", None)
+    if out["requeue"].enabled is None:  # a `requeue:` section turns it on unless it says enabled: false
+        out["requeue"] = dataclasses.replace(out["requeue"], enabled=top.get("requeue") is not None)
+    slurm = check_slurm(ctx, out["collect"].slurm, "collect.slurm", COLLECT_SLURM_KEYS)
+    out["collect"] = dataclasses.replace(out["collect"], slurm=slurm)
+    return out
+
+
+def _templates(ctx: _Ctx, top: Mapping[str, Any]) -> Optional[Path]:
+    if top.get("templates") is None:
+        return None
+    templates = (ctx.path.parent / ctx.string(top["templates"], "templates")).resolve()
+    if not templates.is_dir():
+        raise ctx.err("templates", f"{templates} is not a directory (copy the pack's with `hlmtune cp`)")
+    return templates
+
+
+def _dimensions(ctx: _Ctx, top: Mapping[str, Any]) -> Tuple[List[Axis], List[List[Tuple[Axis, ...]]]]:
+    """The axes, and the product's dimensions (each one axis or one zip group)."""
     axes: List[Axis] = []
     dims: List[List[Tuple[Axis, ...]]] = []
     ax_node = top.get("axes")
@@ -466,9 +559,14 @@ def load_grid(path: str | Path) -> Grid:
             raise ctx.err("axes", f"axis '{n}' is defined twice")
     if not axes:
         raise ctx.err("axes", "no axes: give at least one axis (or zip group) to sweep over")
+    return axes, dims
 
+
+def _base_config(ctx: _Ctx, top: Mapping[str, Any], axes: List[Axis]) -> Tuple[str, Optional[str]]:
+    """``config`` and ``recipe``; every ``{axis}`` they use exists, and every axis changes something."""
     config = ctx.string(top["config"], "config")
     recipe = ctx.string(top["recipe"], "recipe") if top.get("recipe") is not None else None
+    names = [a.name for a in axes]
     known = set(names)
     for where, text in [("config", config), ("recipe", recipe)] + [
         (f"axes.{a.name}.{v.value}", t) for a in axes for v in a.values for t in (v.config, v.recipe)
@@ -489,7 +587,12 @@ def load_grid(path: str | Path) -> Grid:
                           "sets), use it as {" + a.name + "} in `config:`, or give its values `set:`/`config:`/`slurm:`")
         if a.key and (a.name in TASK_SLURM_KEYS or a.name in SPECIAL_AXES):
             raise ctx.err(f"axes.{a.name}.key", f"'{a.name}' is a built-in axis; name a config-key axis differently")
+    return config, recipe
 
+
+def _exclusions(ctx: _Ctx, top: Mapping[str, Any], axes: List[Axis]) -> List[Dict[str, List[Any]]]:
+    """``exclude`` entries: axis -> the values (of that axis) whose combination is left out."""
+    known = {a.name: a for a in axes}
     exclude: List[Dict[str, List[Any]]] = []
     ex_node = top.get("exclude")
     if ex_node is not None and not isinstance(ex_node, list):
@@ -503,20 +606,12 @@ def load_grid(path: str | Path) -> Grid:
             if k not in known:
                 raise ctx.err(w, f"'{k}' is not an axis{closest(str(k), known)}")
             vals = v if isinstance(v, list) else [v]
-            axis = next(a for a in axes if a.name == k)
             for x in vals:
-                if not any(x == av.value for av in axis.values):
-                    raise ctx.err(f"{w}.{k}", f"{x!r} is not a value of axis '{k}' ({[av.value for av in axis.values]})")
+                if not any(x == av.value for av in known[k].values):
+                    raise ctx.err(f"{w}.{k}", f"{x!r} is not a value of axis '{k}' ({[av.value for av in known[k].values]})")
             entry[k] = vals
         exclude.append(entry)
-
-    return Grid(
-        path=p.resolve(), raw=dict(top), name=name, config=config, recipe=recipe,
-        set=ctx.overrides(top.get("set"), "set"), unset=ctx.str_list(top.get("unset"), "unset"),
-        runs_dir=ctx.string(top["runs_dir"], "runs_dir") if top.get("runs_dir") is not None else None,
-        node=node, slurm=slurm, requeue=requeue, environment=env, container=container, collect=collect,
-        templates=templates, dims=dims, axes=axes, exclude=exclude,
-    )
+    return exclude
 
 
 # --------------------------------------------------------------- expansion
@@ -608,7 +703,7 @@ def _resources(ctx: _Ctx, grid: Grid, desc: str, s: Dict[str, Any]) -> None:
     s["devices"] = s.get("devices") or 1
     s["gpu_request"] = s.get("gpu_request") or "gpus-per-node"
     s["extra"] = list(s.get("extra") or [])
-    gpus, cpus = grid.node["gpus"], grid.node.get("cpus")
+    gpus, cpus = grid.node.gpus, grid.node.cpus
     if gpus:
         if s["devices"] > gpus:
             raise GridError(f"{grid.path}: {desc}: devices={s['devices']} per node but a node has {gpus} GPUs (node.gpus)")

@@ -20,6 +20,7 @@ Sweep directory::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -82,8 +83,8 @@ def hlmtune_command(grid: Grid) -> List[str]:
     """
     import shlex
 
-    if grid.environment.get("hlmtune"):
-        return shlex.split(grid.environment["hlmtune"])
+    if grid.environment.hlmtune:
+        return shlex.split(grid.environment.hlmtune)
     if grid.container is not None:
         return ["hlmtune"]
     script = Path(sys.executable).with_name("hlmtune")
@@ -146,8 +147,8 @@ def task_config(grid: Grid, task: Task, cfg_path: Path, run_dir: Path):
         node.pop(leaf)
     for key, value in task.set.items():
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
-    if grid.requeue["enabled"] and grid.requeue["save_every_n_steps"] is not None:
-        OmegaConf.update(cfg, "save_every_n_steps", grid.requeue["save_every_n_steps"], force_add=True)
+    if grid.requeue.enabled and grid.requeue.save_every_n_steps is not None:
+        OmegaConf.update(cfg, "save_every_n_steps", grid.requeue.save_every_n_steps, force_add=True)
     cfg.output_dir = str(run_dir)
     logger = cfg.get("metric_logger")
     logger_c = OmegaConf.to_container(logger, resolve=False) if logger is not None else None
@@ -195,10 +196,10 @@ def validate_task(grid: Grid, task: Task, cfg, recipe: str, *, check_paths: bool
         resolved = resolve_recipe(recipe)
     except ValueError as e:
         raise SweepError(f"{head}: {e}") from None
-    with _env(grid.environment["vars"]):
+    with _env(grid.environment.vars):
         env = env_problems(cfg)
         if env:
-            if not grid.environment["setup"]:
+            if not grid.environment.setup:
                 raise SweepError(f"{head}: " + "; ".join(env) + " (or set it in the grid's environment.vars)")
             warnings.append(f"{task.describe()}: " + "; ".join(env) + " (assumed set by environment.setup)")
             return warnings  # the config cannot be resolved here: the compute node checks it
@@ -217,9 +218,9 @@ def validate_task(grid: Grid, task: Task, cfg, recipe: str, *, check_paths: bool
         except ValueError as e:
             raise SweepError(f"{head}: {e}") from None
         device = str(cfg.get("device", "cuda"))
-    if device.startswith("cuda") and not grid.node["gpus"]:
+    if device.startswith("cuda") and not grid.node.gpus:
         raise SweepError(f"{head}: the config runs on device={device} but node.gpus is 0 (set node.gpus, or device: cpu)")
-    if device == "cpu" and grid.node["gpus"]:
+    if device == "cpu" and grid.node.gpus:
         raise SweepError(f"{head}: the config runs on device=cpu but would request {task.slurm['gpus']} GPU(s) "
                          "(node.gpus > 0): set device: cuda, or node.gpus: 0 for CPU runs")
     return warnings
@@ -280,7 +281,7 @@ def build_plan(grid: Grid, tasks: List[Task], sweep_dir: Path, *, check_paths: b
                 raise
             raise SweepError(f"{grid.path}: {task.describe()}: {cfg_path}: {e}") from None
         warnings.extend(validate_task(grid, task, cfg, recipe, check_paths=check_paths))
-        if grid.requeue["enabled"] and cfg.get("save_every_n_steps") is None:
+        if grid.requeue.enabled and cfg.get("save_every_n_steps") is None:
             warnings.append(f"{task.describe()}: requeue is on but save_every_n_steps is null: a requeued run restarts "
                             "from scratch (set requeue.save_every_n_steps)")
         configs[task.id] = f"# hlmtune sweep {grid.name}, {task.describe()}; base config {cfg_path}\n" + OmegaConf.to_yaml(cfg)
@@ -311,9 +312,9 @@ def build_plan(grid: Grid, tasks: List[Task], sweep_dir: Path, *, check_paths: b
         "sweep_dir": str(sweep_dir),
         "workdir": str(Path.cwd()),
         "hlmtune": hl,
-        "node": grid.node,
-        "container": grid.container,
-        "requeue": grid.requeue,
+        "node": dataclasses.asdict(grid.node),
+        "container": None if grid.container is None else dataclasses.asdict(grid.container),
+        "requeue": dataclasses.asdict(grid.requeue),
         "groups": list(groups.values()),
         "tasks": rows,
     }

@@ -124,12 +124,12 @@ def _container(plan: Plan) -> Optional[Dict[str, Any]]:
     if c is None:
         return None
     options: List[str] = []
-    if plan.grid.node["gpus"]:
+    if plan.grid.node.gpus:
         options.append("--nv")  # NVIDIA driver libraries and devices inside the container
-    for b in c["binds"]:
+    for b in c.binds:
         options += ["--bind", b]
-    options += c["options"]
-    return {"image": c["image"], "runtime": c["runtime"], "options": options}
+    options += list(c.options)
+    return {"image": c.image, "runtime": c.runtime, "options": options}
 
 
 def render_plan(plan: Plan, max_concurrent: Optional[int]) -> None:
@@ -177,8 +177,8 @@ def render_plan(plan: Plan, max_concurrent: Optional[int]) -> None:
             plan.scripts[g["script"]] = env.get_template(ctx["template_name"]).render(**ctx)
         except jinja2.TemplateError as e:
             raise SweepError(f"template {ctx['template_name']}: {e}") from None
-    if grid.collect["enabled"]:
-        cs = dict(grid.collect["slurm"])
+    if grid.collect.enabled:
+        cs = dict(grid.collect.slurm)
         for k in ("partition", "account", "qos"):
             if cs.get(k) is None:
                 cs[k] = grid.slurm.get(k)  # the array's own, unless the grid names others

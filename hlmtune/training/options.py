@@ -52,19 +52,29 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _bool(v: Any) -> Optional[str]:
+# Checks: each returns None when a value is acceptable, else what it must be ("must be ...").
+def check_bool(v: Any) -> Optional[str]:
     return None if isinstance(v, bool) else "must be True or False"
 
 
-def _int_ge0(v: Any) -> Optional[str]:
+def check_opt_bool(v: Any) -> Optional[str]:
+    return None if v is None or isinstance(v, bool) else "must be True, False or null"
+
+
+def check_int_ge0(v: Any) -> Optional[str]:
     return None if _is_int(v) and v >= 0 else "must be an integer >= 0"
 
 
-def _opt_int_gt0(v: Any) -> Optional[str]:
+def check_int_gt0(v: Any) -> Optional[str]:
+    return None if _is_int(v) and v > 0 else "must be an integer > 0"
+
+
+def check_opt_int_gt0(v: Any) -> Optional[str]:
     return None if v is None or (_is_int(v) and v > 0) else "must be a positive integer or null"
 
 
-def _choice(choices: Tuple[str, ...]) -> Callable[[Any], Optional[str]]:
+def check_choice(choices: Tuple[str, ...]) -> Callable[[Any], Optional[str]]:
+    """A check that accepts one of ``choices`` (kept on the check for the did-you-mean hint)."""
     def check(v: Any) -> Optional[str]:
         return None if v in choices else f"must be one of {choices}"
 
@@ -72,38 +82,123 @@ def _choice(choices: Tuple[str, ...]) -> Callable[[Any], Optional[str]]:
     return check
 
 
-def _opt_str(v: Any) -> Optional[str]:
+def check_opt_str(v: Any) -> Optional[str]:
     return None if v is None or isinstance(v, str) else "must be a string or null"
 
 
-def _any(v: Any) -> Optional[str]:
+def check_str(v: Any) -> Optional[str]:
+    return None if isinstance(v, str) and v.strip() else "must be a non-empty string"
+
+
+def check_str_list(v: Any) -> Optional[str]:
+    if v is None or (isinstance(v, str) and v):
+        return None
+    ok = isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+    return None if ok else "must be a list of strings"
+
+
+def check_any(v: Any) -> Optional[str]:
     return None
 
 
-def _key(default: Any, check: Callable[[Any], Optional[str]], doc: str) -> Any:
-    """A dataclass field with its check and one-line meaning (shown in docs/configs.md)."""
-    return field(default=default, metadata={"check": check, "doc": doc})
+# Conversions applied after a check passes.
+def as_str_tuple(v: Any) -> Tuple[str, ...]:
+    """``None`` -> ``()``, ``"x"`` -> ``("x",)``, a list -> a tuple."""
+    return () if v is None else (v,) if isinstance(v, str) else tuple(v)
+
+
+REQUIRED = dataclasses.MISSING  # option(REQUIRED, ...): the section must give the key
+
+
+def option(default: Any, check: Callable[[Any], Optional[str]], doc: str,
+           convert: Optional[Callable[[Any], Any]] = None) -> Any:
+    """A dataclass field with its check, one-line meaning (docs/configs.md) and conversion.
+
+    Args:
+        default (Any): the value when the key is absent (``REQUIRED``: no default; a list or
+            dict is copied per instance).
+        check (Callable[[Any], Optional[str]]): None when a value is acceptable, else what it
+            must be.
+        doc (str): what the key does.
+        convert (Optional[Callable[[Any], Any]]): applied to a given value after the check.
+
+    Returns:
+        Any: a ``dataclasses.field``.
+    """
+    meta = {"check": check, "doc": doc, "convert": convert}
+    if default is REQUIRED:
+        return field(metadata=meta)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_section(cls: type, data: Any, name: str, errors: List[str], closest: Callable[..., str]) -> Any:
+    """Build the dataclass ``cls`` from a config section, each key checked by its field.
+
+    Args:
+        cls (type): a dataclass whose fields are :func:`option`s.
+        data (Any): the section (None: every default).
+        name (str): the section's key, for messages (``data_loader``).
+        errors (List[str]): problems are appended, one line each, naming the full key.
+        closest (Callable[..., str]): ``" (did you mean 'x'?)"`` helper (``prefix=`` writes the
+            suggestion as a full key).
+
+    Returns:
+        Any: the instance; defaults where a key is absent or bad, None when a required key
+        is missing or ``data`` is not a mapping.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        errors.append(f"{name} must be a mapping, got {data!r}")
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        f = fields.get(k)
+        if f is None:
+            # The suggestion as the full key the user types (data_loader.num_workers).
+            errors.append(f"unknown key '{name}.{k}'{closest(str(k), fields, prefix=f'{name}.')}; known: {', '.join(fields)}")
+            continue
+        check = f.metadata["check"]
+        problem = check(v)
+        if problem:
+            choices = getattr(check, "choices", None)
+            hint = closest(str(v), choices) if choices else ""
+            errors.append(f"{name}.{k} {problem}, got {v!r}{hint}")
+            continue
+        convert = f.metadata.get("convert")
+        kwargs[k] = convert(v) if convert else v
+    required = [f.name for f in fields.values()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    absent = [k for k in required if k not in data]
+    if absent:
+        errors.append(f"{name}: missing required key '{absent[0]}'")
+    if any(k not in kwargs for k in required):
+        return None
+    return cls(**kwargs)
 
 
 @dataclass(frozen=True)
 class DataLoaderOptions:
     """``data_loader``: how batches are loaded on each rank."""
 
-    pin_memory: bool = _key(False, _bool, "CUDA only: page-locked host batches, faster copies")
-    num_workers: int = _key(0, _int_ge0, "loader worker processes per rank (0: load in the training process)")
-    split: str = _key("distributed", _choice(SPLIT_CHOICES), "distributed: interleaved over ranks; contiguous: rank r reads block r")
-    prefetch_factor: Optional[int] = _key(None, _opt_int_gt0, "batches prefetched per worker (num_workers > 0)")
-    persistent_workers: bool = _key(False, _bool, "keep workers alive between epochs (num_workers > 0)")
+    pin_memory: bool = option(False, check_bool, "CUDA only: page-locked host batches, faster copies")
+    num_workers: int = option(0, check_int_ge0, "loader worker processes per rank (0: load in the training process)")
+    split: str = option("distributed", check_choice(SPLIT_CHOICES), "distributed: interleaved over ranks; contiguous: rank r reads block r")
+    prefetch_factor: Optional[int] = option(None, check_opt_int_gt0, "batches prefetched per worker (num_workers > 0)")
+    persistent_workers: bool = option(False, check_bool, "keep workers alive between epochs (num_workers > 0)")
 
 
 @dataclass(frozen=True)
 class QuantizeOptions:
     """``quantize`` (QAT recipes): the post-training conversion after the last epoch."""
 
-    enabled: bool = _key(True, _bool, "write <output_dir>/quantized/ after the last epoch")
-    quantizer: Any = _key(None, _any, "quantizer component (default: the training quantizer)")
-    model: Any = _key(None, _any, "model component to quantize (default: the base of `model`)")
-    output_name: Optional[str] = _key(None, _opt_str, "file name (default: model-<mode>.pt)")
+    enabled: bool = option(True, check_bool, "write <output_dir>/quantized/ after the last epoch")
+    quantizer: Any = option(None, check_any, "quantizer component (default: the training quantizer)")
+    model: Any = option(None, check_any, "model component to quantize (default: the base of `model`)")
+    output_name: Optional[str] = option(None, check_opt_str, "file name (default: model-<mode>.pt)")
 
 
 @dataclass(frozen=True)
@@ -168,31 +263,6 @@ def section_keys(cls: type) -> frozenset:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def _parse_section(cls: type, data: Any, name: str, errors: List[str], closest: Callable[..., str]) -> Any:
-    if data is None:
-        return cls()
-    if not isinstance(data, Mapping):
-        errors.append(f"{name} must be a mapping, got {data!r}")
-        return cls()
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for k, v in data.items():
-        f = fields.get(k)
-        if f is None:
-            # The suggestion as the full key the user types (data_loader.num_workers).
-            errors.append(f"unknown key '{name}.{k}'{closest(str(k), fields, prefix=f'{name}.')}")
-            continue
-        check = f.metadata["check"]
-        problem = check(v)
-        if problem:
-            choices = getattr(check, "choices", None)
-            hint = closest(str(v), choices) if choices else ""
-            errors.append(f"{name}.{k} {problem}, got {v!r}{hint}")
-            continue
-        kwargs[k] = v
-    return cls(**kwargs)
-
-
 def _parse_ac(data: Mapping[str, Any], accepted: frozenset, errors: List[str]) -> ActivationCheckpointing:
     raw = data.get("enable_activation_checkpointing", False)
     budget = data.get("ac_auto_budget_gib", None)
@@ -250,9 +320,9 @@ def parse_pack_options(
         PackOptions: parsed values; defaults where a key is absent or bad.
     """
     kw: dict = {}
-    kw["data_loader"] = _parse_section(DataLoaderOptions, data.get("data_loader"), "data_loader", errors, closest)
+    kw["data_loader"] = parse_section(DataLoaderOptions, data.get("data_loader"), "data_loader", errors, closest) or DataLoaderOptions()
     if "quantize" in accepted:
-        kw["quantize"] = _parse_section(QuantizeOptions, data.get("quantize"), "quantize", errors, closest)
+        kw["quantize"] = parse_section(QuantizeOptions, data.get("quantize"), "quantize", errors, closest) or QuantizeOptions()
     dp = data.get("data_parallel", "auto")
     if dp not in DATA_PARALLEL_CHOICES:
         errors.append(f"data_parallel must be one of {DATA_PARALLEL_CHOICES}, got {dp!r}{closest(str(dp), DATA_PARALLEL_CHOICES)}")
@@ -260,7 +330,7 @@ def parse_pack_options(
         kw["data_parallel"] = dp
     for key in ("save_every_n_steps", "keep_last_n_checkpoints"):
         v = data.get(key, None)
-        problem = _opt_int_gt0(v)
+        problem = check_opt_int_gt0(v)
         if problem:
             errors.append(f"{key} {problem}, got {v!r}")
         else:
