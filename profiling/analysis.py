@@ -300,6 +300,53 @@ def to_markdown(rows: List[Dict[str, Any]], columns: List[str], *, title: str = 
     return "\n".join(out) + "\n"
 
 
+# table.md's first table: what a reader looks for first (table.csv keeps every column).
+KEY_COLUMNS = (
+    "nodes", "devices", "steps", "iteration_time_s_mean", "tokens_per_second",
+    "peak_memory_alloc_over_steps_gib", "peak_rss_over_steps_gib",
+    "speedup", "efficiency", "overhead_s", "speedup_tput", "efficiency_tput",
+)
+
+
+def _has_values(rows: List[Dict[str, Any]], column: str) -> bool:
+    return any(r.get(column) not in (None, "") for r in rows)
+
+
+def compact_markdown(rows: List[Dict[str, Any]], columns: List[str], *, title: str = "", note: str = "") -> str:
+    """``table.md``: the key figures first, then the other columns that have a value.
+
+    Group keys equal in every row are said once above the tables; the ones that differ
+    identify each row in both tables. Columns empty in every row (CUDA memory on CPU) and the
+    run folders' paths stay in ``table.csv`` only.
+
+    Args:
+        rows (List[Dict[str, Any]]): table rows.
+        columns (List[str]): every column, in :func:`table_columns` order.
+        title (str): the page's heading.
+        note (str): a paragraph under it.
+
+    Returns:
+        str: Markdown text.
+    """
+    filled = [c for c in columns if c != "run_dirs" and _has_values(rows, c)]
+    group = [c for c in GROUP_KEYS if c in filled and c not in KEY_COLUMNS]
+    varying = [c for c in group if len({str(r.get(c)) for r in rows}) > 1]
+    shared = [c for c in group if c not in varying]
+    key = varying + [c for c in KEY_COLUMNS if c in filled]
+    rest = [c for c in filled if c not in key and c not in shared]
+    out = [f"# {title}\n"] if title else []
+    if shared and rows:
+        out.append("All rows: " + ", ".join(f"{c}={_fmt(rows[0].get(c))}" for c in shared) + ".\n")
+    out.append(to_markdown(rows, key, title="", note="").rstrip("\n") + "\n")
+    if rest:
+        ids = varying + [c for c in ("nodes", "devices") if c in filled]
+        out.append("\n## Other columns\n")
+        out.append(to_markdown(rows, ids + rest).rstrip("\n") + "\n")
+    out.append(f"\n{note}\n" if note else "")
+    out.append("\nEvery column, and each row's run folders: `table.csv`.\n")
+    return "\n\n".join(x.strip("\n") for x in out if x.strip()) + "\n"
+
+
 def api_long_rows(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per-rank API rows of every run that has an ``api_summary.json`` (long format)."""
     out = []
@@ -331,7 +378,7 @@ def collect(
     work_tolerance: float = 0.01,
     plots: bool = True,
 ) -> Dict[str, Any]:
-    """Read run directories and write ``table.csv``, ``table.md``, ``problems.md/json``, plots.
+    """Read run directories and write ``table.csv``, ``table.md``, ``problems.md/json``, plots, ``report.md``.
 
     Args:
         paths (Sequence[str | os.PathLike]): run directories or parents holding many.
@@ -357,7 +404,7 @@ def collect(
     cols = table_columns(rows)
     files = []
     atomic_write_text(out / "table.csv", to_csv(rows, cols))
-    atomic_write_text(out / "table.md", to_markdown(rows, cols, title="hlmtune collect", note=T_DEFINITION))
+    atomic_write_text(out / "table.md", compact_markdown(rows, cols, title="hlmtune collect", note=T_DEFINITION))
     files += [out / "table.csv", out / "table.md"]
     api_rows = api_long_rows(runs)
     if api_rows:
@@ -374,6 +421,11 @@ def collect(
         from hlmtune.profiling.plots import write_plots
 
         files += write_plots(rows, api_rows, out)
+    if rows:
+        from hlmtune.profiling.report import scaling_report_markdown
+
+        atomic_write_text(out / "report.md", scaling_report_markdown(rows, problems, files, t_definition=T_DEFINITION))
+        files.append(out / "report.md")
     return {"rows": rows, "problems": problems, "api_rows": api_rows, "files": [str(f) for f in files]}
 
 

@@ -6,15 +6,16 @@
   largest N devices;
 - ``peak_memory_vs_devices.png``: peak memory over steps (CUDA allocated, else CPU RSS) vs
   devices, one panel per method;
-- ``speedup_efficiency_vs_devices.png``: speedup (T1/TN) and efficiency with the ideal line;
-  both ratio axes start at 0 (a 2% efficiency loss must not look like a cliff);
+- ``speedup_efficiency_vs_devices.png``: speedup (T1/TN; by tokens/s where the runs did
+  unequal work, labelled so) and efficiency with the ideal line;
 - ``overhead_vs_devices.png``: overhead TN - T1/N vs devices;
 - ``api_share_stacked.png``: stacked bars of the headline CUDA API / kernel / memcpy (or
   torch.profiler) shares per run and rank, when API summaries exist.
 
 Series labels name their fields (``method=lora, dtype=fp32, pin_memory=False, workers=0``)
 and leave out fields that are the same for every series of the figure (said once in the
-title instead), so a legend never reads as a bare list of values.
+title instead, wrapped to the figure's width), so a legend never reads as a bare list of
+values. Time, memory and ratio axes start at 0, so a 0.04 s difference never looks like a cliff.
 """
 
 from __future__ import annotations
@@ -65,6 +66,40 @@ def _series(rows: List[Dict[str, Any]], keys: Sequence[str], y: str) -> Dict[str
     return {k: sorted(v) for k, v in out.items()}
 
 
+def _wrap(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` wrapped at ", " to fit ``width_in`` inches at ``fontsize`` points.
+
+    A character of matplotlib's default sans font is about 0.6 em wide; 0.9 of the width
+    leaves the margins.
+    """
+    per_line = max(10, int(0.9 * width_in * 72 / (0.6 * fontsize)))
+    lines: List[str] = []
+    for part in text.split("\n"):
+        line = ""
+        for piece in part.split(", "):
+            candidate = f"{line}, {piece}" if line else piece
+            if line and len(candidate) > per_line:
+                lines.append(line + ",")
+                line = piece
+            else:
+                line = candidate
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _title(ax, text: str, fontsize: float = 8) -> None:
+    """An axes title wrapped to the axes' width (a long shared-fields line never leaves the figure)."""
+    fig = ax.get_figure()
+    width_in = fig.get_figwidth() * ax.get_position().width
+    ax.set_title(_wrap(text, width_in, fontsize), fontsize=fontsize)
+
+
+def _from_zero(ax, values: Sequence[float], floor: float = 0.0) -> None:
+    """y axis from 0 to a little above the largest value (times, memory, ratios read in proportion)."""
+    top = max([floor] + [v for v in values if v is not None])
+    ax.set_ylim(0, 1.08 * top if top > 0 else 1.0)
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
@@ -74,41 +109,40 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def write_plots(rows: List[Dict[str, Any]], api_rows: List[Dict[str, Any]], out: str | Path) -> List[Path]:
-    """Write every plot that has data.
+SERIES_KEYS = ("method", "model", "template", "dtype", "pin_memory", "num_workers",
+               "batch_size", "gradient_accumulation_steps", "max_seq_len")
 
-    Args:
-        rows (List[Dict[str, Any]]): table rows from :func:`hlmtune.profiling.analysis.build_table`.
-        api_rows (List[Dict[str, Any]]): long API rows (may be empty).
-        out (str | Path): output directory.
 
-    Returns:
-        List[Path]: written PNG files.
-    """
+def _device_counts(rows: List[Dict[str, Any]]) -> List[int]:
+    return sorted({r["devices"] for r in rows if isinstance(r.get("devices"), int)})
+
+
+def plot_iteration_time(rows: List[Dict[str, Any]]):
+    """Mean iteration time vs devices, one panel per dataset, one line per series."""
     plt = _plt()
-    out = Path(out)
-    files: List[Path] = []
-    series_keys = ("method", "model", "template", "dtype", "pin_memory", "num_workers",
-                   "batch_size", "gradient_accumulation_steps", "max_seq_len")
-    ns = sorted({r["devices"] for r in rows if isinstance(r.get("devices"), int)})
-
-    # 1. iteration time vs devices, one panel per dataset.
+    ns = _device_counts(rows)
     datasets = sorted({str(r["dataset"]) for r in rows})
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
         ds_rows = [r for r in rows if str(r["dataset"]) == ds]
-        keys, shared = _varying(ds_rows, series_keys)
+        keys, shared = _varying(ds_rows, SERIES_KEYS)
+        ys = []
         for label, pts in _series(ds_rows, keys, "iteration_time_s_mean").items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_title(f"dataset: {ds}" + (f"\n{shared}" if shared else ""), fontsize=8)
+            ys += [p[1] for p in pts]
+        _title(ax, f"dataset: {ds}" + (f"\n{shared}" if shared else ""))
         ax.set_xlabel("devices")
         ax.set_xticks(ns)
         ax.set_ylabel("mean iteration time (s)")
+        _from_zero(ax, ys)
         ax.legend(fontsize=7)
-    files.append(_save(fig, out / "iteration_time_vs_devices.png"))
+    return fig
 
-    # 2. per template, per method bars for 1 and max-N devices.
-    maxn = max((r["devices"] for r in rows if isinstance(r.get("devices"), int)), default=1)
+
+def plot_template_bars(rows: List[Dict[str, Any]]):
+    """Per template, per method bars of mean iteration time at 1 and the largest N devices."""
+    plt = _plt()
+    maxn = max(_device_counts(rows), default=1)
     templates = sorted({str(r["template"]) for r in rows})
     methods = sorted({str(r["method"]) for r in rows})
     fig, ax = plt.subplots(figsize=(max(5, 2.5 * len(templates)), 4))
@@ -125,63 +159,126 @@ def write_plots(rows: List[Dict[str, Any]], api_rows: List[Dict[str, Any]], out:
     ax.set_xticklabels([f"template: {t}" for t in templates], fontsize=8)
     ax.set_ylabel("mean iteration time (s)")
     ax.legend(fontsize=7)
-    files.append(_save(fig, out / "template_method_bars.png"))
+    return fig
 
-    # 3. peak memory vs devices per method.
+
+def plot_peak_memory(rows: List[Dict[str, Any]]):
+    """Peak memory over steps (CUDA allocated, else CPU RSS) vs devices, one panel per method."""
+    plt = _plt()
+    ns = _device_counts(rows)
     mem_key = ("peak_memory_alloc_over_steps_gib" if any(r.get("peak_memory_alloc_over_steps_gib") is not None for r in rows)
                else "peak_rss_over_steps_gib")
+    methods = sorted({str(r["method"]) for r in rows})
     fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4), squeeze=False)
     for ax, m in zip(axes[0], methods):
         m_rows = [r for r in rows if str(r["method"]) == m]
-        keys, shared = _varying(m_rows, ("model", "dataset", "template", "dtype", *series_keys[4:]))
+        keys, shared = _varying(m_rows, ("model", "dataset", "template", "dtype", *SERIES_KEYS[4:]))
+        ys = []
         for label, pts in _series(m_rows, keys, mem_key).items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", label=label)
-        ax.set_title(f"method: {m}" + (f"\n{shared}" if shared else ""), fontsize=8)
+            ys += [p[1] for p in pts]
+        _title(ax, f"method: {m}" + (f"\n{shared}" if shared else ""))
         ax.set_xlabel("devices")
         ax.set_xticks(ns)
         ax.set_ylabel(f"{mem_key} (GiB)")
+        _from_zero(ax, ys)
         ax.legend(fontsize=7)
-    files.append(_save(fig, out / "peak_memory_vs_devices.png"))
+    return fig
 
-    # 4. speedup and efficiency with the ideal line; 5. overhead.
-    all_keys, shared = _varying(rows, series_keys + ("dataset",))
-    sp = _series(rows, all_keys, "speedup")
-    ef = _series(rows, all_keys, "efficiency")
-    ov = _series(rows, all_keys, "overhead_s")
+
+def speedup_series(rows: List[Dict[str, Any]], keys: Sequence[str]) -> Dict[str, Dict[str, List[Tuple[int, float]]]]:
+    """Speedup and efficiency points per series, T-based where collect computed it, else by throughput.
+
+    A series whose N-device rows did other work than their 1-device baseline (weak scaling:
+    every device keeps its batch) has no T1/TN; its points are the steady-state tokens/s ratio
+    instead, and its label says so (``(tokens/s)``).
+
+    Returns:
+        Dict[str, Dict[str, List[Tuple[int, float]]]]: ``{"speedup": {label: points},
+        "efficiency": {label: points}}``.
+    """
+    out: Dict[str, Dict[str, List[Tuple[int, float]]]] = {"speedup": {}, "efficiency": {}}
+    by_label: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if isinstance(r.get("devices"), int):
+            by_label.setdefault(_series_label(r, keys) or "all runs", []).append(r)
+    for label, members in by_label.items():
+        timed = any(r.get("speedup") is not None and r["devices"] > 1 for r in members)
+        s_key, e_key, name = ("speedup", "efficiency", label) if timed else (
+            "speedup_tput", "efficiency_tput", f"{label} (tokens/s)")
+        for what, key in (("speedup", s_key), ("efficiency", e_key)):
+            pts = sorted((r["devices"], r[key]) for r in members if r.get(key) is not None)
+            if pts:
+                out[what][name] = pts
+    return out
+
+
+def plot_speedup(rows: List[Dict[str, Any]]):
+    """Speedup and efficiency vs devices with the ideal lines, both ratio axes from 0."""
+    plt = _plt()
+    ns = _device_counts(rows)
+    keys, shared = _varying(rows, SERIES_KEYS + ("dataset",))
+    series = speedup_series(rows, keys)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     if shared:
-        fig.suptitle(shared, fontsize=8)
+        fig.suptitle(_wrap(shared, 10, 8), fontsize=8)
     a1.plot(ns, ns, "k--", label="ideal (speedup = N)")
     a2.plot(ns, [1.0] * len(ns), "k--", label="ideal (efficiency = 1)")
-    for label, pts in sp.items():
-        a1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    for label, pts in ef.items():
-        a2.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    a1.set_xlabel("devices")
-    a1.set_xticks(ns)
-    a1.set_ylabel("speedup T1/TN")
-    a2.set_xlabel("devices")
-    a2.set_xticks(ns)
+    for ax, what in ((a1, "speedup"), (a2, "efficiency")):
+        for label, pts in series[what].items():
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xlabel("devices")
+        ax.set_xticks(ns)
+        ax.legend(fontsize=7)
+    a1.set_ylabel("speedup T1/TN (or tokens/s ratio)")
     a2.set_ylabel("efficiency speedup/N")
     # Ratios start at 0 so the distance from ideal reads in proportion.
-    a1.set_ylim(0, 1.05 * max([max(ns, default=1)] + [p[1] for pts in sp.values() for p in pts]))
-    a2.set_ylim(0, 1.05 * max([1.0] + [p[1] for pts in ef.values() for p in pts]))
-    a1.legend(fontsize=7)
-    a2.legend(fontsize=7)
-    files.append(_save(fig, out / "speedup_efficiency_vs_devices.png"))
+    _from_zero(a1, [p[1] for pts in series["speedup"].values() for p in pts], floor=max(ns, default=1))
+    _from_zero(a2, [p[1] for pts in series["efficiency"].values() for p in pts], floor=1.0)
+    return fig
 
+
+def plot_overhead(rows: List[Dict[str, Any]]):
+    """Overhead TN - T1/N vs devices (T-based rows only: it needs equal work)."""
+    plt = _plt()
+    ns = _device_counts(rows)
+    keys, shared = _varying(rows, SERIES_KEYS + ("dataset",))
     fig, ax = plt.subplots(figsize=(5, 4))
     if shared:
-        ax.set_title(shared, fontsize=8)
+        _title(ax, shared)
     ax.axhline(0.0, color="k", linestyle="--", label="ideal (no overhead)")
-    for label, pts in ov.items():
+    for label, pts in _series(rows, keys, "overhead_s").items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xlabel("devices")
     ax.set_xticks(ns)
     ax.set_ylabel("overhead TN - T1/N (s)")
     ax.legend(fontsize=7)
-    files.append(_save(fig, out / "overhead_vs_devices.png"))
+    return fig
 
+
+# File name -> figure function, in the order the report describes them.
+PLOTS = {
+    "iteration_time_vs_devices.png": plot_iteration_time,
+    "template_method_bars.png": plot_template_bars,
+    "peak_memory_vs_devices.png": plot_peak_memory,
+    "speedup_efficiency_vs_devices.png": plot_speedup,
+    "overhead_vs_devices.png": plot_overhead,
+}
+
+
+def write_plots(rows: List[Dict[str, Any]], api_rows: List[Dict[str, Any]], out: str | Path) -> List[Path]:
+    """Write every plot that has data.
+
+    Args:
+        rows (List[Dict[str, Any]]): table rows from :func:`hlmtune.profiling.analysis.build_table`.
+        api_rows (List[Dict[str, Any]]): long API rows (may be empty).
+        out (str | Path): output directory.
+
+    Returns:
+        List[Path]: written PNG files.
+    """
+    out = Path(out)
+    files = [_save(make(rows), out / name) for name, make in PLOTS.items()]
     if api_rows:
         files.append(write_api_stacked(api_rows, out / "api_share_stacked.png"))
     return files

@@ -1,4 +1,4 @@
-"""Plots: every figure is written, is a real PNG and is not blank."""
+"""Plots: every figure is written, is a real PNG, shows the table's numbers, and fits its canvas."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_plots_show_the_table_series_labels_and_ratio_axes_from_zero(tmp_path: P
 
     fig = figs["speedup_efficiency_vs_devices.png"]
     a_sp, a_ef = [a for a in fig.axes if a.get_ylabel()][:2]
-    assert a_sp.get_ylabel() == "speedup T1/TN" and a_ef.get_ylabel() == "efficiency speedup/N"
+    assert a_sp.get_ylabel() == "speedup T1/TN (or tokens/s ratio)" and a_ef.get_ylabel() == "efficiency speedup/N"
     assert a_sp.get_ylim()[0] == 0 and a_ef.get_ylim()[0] == 0 and a_ef.get_ylim()[1] >= 1.0
     eff = _lines(a_ef)
     assert eff["ideal (efficiency = 1)"][1] == [1.0, 1.0, 1.0]
@@ -104,3 +104,61 @@ def test_plots_show_the_table_series_labels_and_ratio_axes_from_zero(tmp_path: P
     bars = figs["template_method_bars.png"].axes[0]
     labels = {t.get_text() for t in bars.get_legend().get_texts()}
     assert labels == {"method=lora, devices=1", "method=lora, devices=4"}
+
+
+def _two_regimes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra) -> None:
+    """A sweep as the shipped tiny grid runs it: devices 1, 2 x per-device batch 2, 4, each run 8 steps.
+
+    Global batch 4 on 2 devices (batch 2) is the same work as batch 4 on one (strong scaling);
+    batch 4 on 2 devices did twice the 1-device work (weak scaling: T refused).
+    """
+    from test_profiling_analysis import make_run
+
+    for batch in (2, 4):
+        for n in (1, 2):
+            make_run(tmp_path / "runs" / f"b{batch}-n{n}", monkeypatch, world_size=n,
+                     step_times=[0.1 * batch * (0.6 if n == 2 else 1.0)] * 8, tokens_per_step=100 * batch * n,
+                     extra_info={"batch_size": batch, **extra})
+
+
+def test_speedup_plot_has_a_point_per_device_count_in_each_regime(tmp_path, monkeypatch):
+    _two_regimes(tmp_path, monkeypatch)
+    figs = _capture(monkeypatch)
+    res = collect([tmp_path / "runs"], tmp_path / "out")
+    rows = {(r["batch_size"], r["devices"]): r for r in res["rows"]}
+    assert rows[(2, 2)].get("speedup") is not None  # same global batch as (4, 1): T-based
+    assert rows[(4, 2)].get("speedup") is None and rows[(4, 2)].get("speedup_tput") is not None  # twice the work
+    a_sp, a_ef = [a for a in figs["speedup_efficiency_vs_devices.png"].axes if a.get_ylabel()][:2]
+    sp = _lines(a_sp)
+    assert sp["batch=2"][0] == [1, 2] and sp["batch=4 (tokens/s)"][0] == [1, 2]
+    assert sp["batch=2"][1][1] == pytest.approx(rows[(2, 2)]["speedup"])
+    assert sp["batch=4 (tokens/s)"][1][1] == pytest.approx(rows[(4, 2)]["speedup_tput"])
+    assert _lines(a_ef)["batch=4 (tokens/s)"][1][1] == pytest.approx(rows[(4, 2)]["efficiency_tput"])
+
+
+def test_every_title_fits_and_time_and_memory_axes_start_at_zero(tmp_path, monkeypatch):
+    # Long values shared by every row: the title line that named them ran off both sides.
+    _two_regimes(tmp_path, monkeypatch, model="lora_llama3_8b_with_a_rather_long_builder_name",
+                 template="torchtune.data.AlpacaToMessages_and_a_long_suffix", dtype="bf16")
+    figs = _capture(monkeypatch)
+    collect([tmp_path / "runs"], tmp_path / "out")
+    assert len(figs) == 5
+    for name, fig in figs.items():
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        canvas = FigureCanvasAgg(fig)  # the saved figure was closed: draw it again at its saved size
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        tight = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # inches -> pixels
+        canvas = fig.bbox
+        assert tight.x0 >= canvas.x0 - 1 and tight.x1 <= canvas.x1 + 1 and tight.y1 <= canvas.y1 + 1, name
+        for text in [ax.title for ax in fig.axes] + ([fig._suptitle] if fig._suptitle else []):
+            if not text.get_text():
+                continue
+            box = text.get_window_extent(renderer)
+            assert box.x0 >= canvas.x0 - 1 and box.x1 <= canvas.x1 + 1, (name, text.get_text())
+            assert box.y1 <= canvas.y1 + 1, (name, text.get_text())
+    for name in ("iteration_time_vs_devices.png", "peak_memory_vs_devices.png", "speedup_efficiency_vs_devices.png"):
+        for ax in figs[name].axes:
+            if ax.get_ylabel():
+                assert ax.get_ylim()[0] == 0, (name, ax.get_ylabel())

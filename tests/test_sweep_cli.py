@@ -224,6 +224,8 @@ def test_help_and_grid_header_examples_are_real():
             m = re.match(r'python -c "from ([\w.]+) import (\w+);', line)
             if m:
                 assert hasattr(importlib.import_module(m.group(1)), m.group(2)), f"{where}: {line}"
+            if not line.startswith(("hlmtune ", "python ", "export ")):
+                continue  # prose: not a command
             for cmd in line.split("&&"):
                 argv = shlex.split(cmd, comments=True)
                 if argv[:2] == ["hlmtune", "cp"]:
