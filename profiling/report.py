@@ -75,6 +75,8 @@ def scaling_report_markdown(rows: List[Dict[str, Any]], problems: List[Dict[str,
            "- [table.md](table.md): the key figures per row (devices, steps, iteration time, tokens/s, peak "
            "memory, speedup, efficiency, overhead), then the other columns that have values;",
            "- [table.csv](table.csv): every column at full precision, with each row's run folders."]
+    out.append("- in a sweep's report folder, `tasks.md` / `tasks.csv`: one row per task with its state and axes "
+               "(written beside this page by `hlmtune sweep status --write`).")
     if "api_table.md" in names:
         out.append("- [api_table.md](api_table.md): the CUDA API / kernel summaries per run and rank.")
     out += ["", "## Strong and weak scaling", "", _regimes(rows), "", t_definition, "", "## Figures", ""]
