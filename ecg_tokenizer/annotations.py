@@ -123,77 +123,24 @@ def parse_mit_annotations(data: bytes, *, sampto: Optional[int] = None) -> Optio
     if words[-1] != 0:  # no end marker: truncated (wfdb would drop the last word silently)
         return None
     body = words[:-1]  # the words wfdb walks, (nw,)
-    nw = int(body.size)
     code = (body >> 10).astype(np.int64)  # A, (nw,)
     low = (body & 0xFF).astype(np.int64)  # low byte: NUM/SUB/CHN value, AUX length, (nw,)
-
-    # Which words are headers (annotation, SKIP, NUM, SUB, CHN, AUX) and which are SKIP/AUX
-    # payload: walk only the words whose code is >= 59 (a few per thousand), skipping those
-    # that lie inside a payload. A payload word with a smaller code is masked out below.
-    header = np.ones(nw, dtype=bool)
-    special = np.flatnonzero(code >= SKIP)
-    next_free = 0
-    for p, a, n in zip(special.tolist(), code[special].tolist(), low[special].tolist()):
-        if p < next_free:  # inside the previous payload
-            continue
-        if a == SKIP:
-            end = p + 3
-        elif a == AUX:
-            end = p + 1 + (n + 1) // 2
-        else:
-            continue
-        if end > nw:  # payload runs into the end marker or past the file end
-            return None
-        header[p + 1 : end] = False
-        next_free = end
-
+    header = _header_words(code, low)
+    if header is None:
+        return None
     hpos = np.flatnonzero(header)  # header word positions, in file order, (nh,)
     hcode = code[hpos]
-    is_ann = hcode < SKIP
-    is_extra = hcode > SKIP
-    if hcode.size:
-        # A field word must follow an annotation or another field word (wfdb reads a field
-        # word right after a SKIP, or first in the file, as an annotation of type 60..63);
-        # a SKIP must be followed by an annotation (or another SKIP).
-        prev_code = np.concatenate(([SKIP], hcode[:-1]))
-        if np.any(is_extra & (prev_code == SKIP)) or hcode[-1] == SKIP:
-            return None
-    ann_count = np.cumsum(is_ann)  # annotations up to and including each header
+    if not _well_formed(hcode):
+        return None
+    ann_count = np.cumsum(hcode < SKIP)  # annotations up to and including each header
     n_ann = int(ann_count[-1]) if ann_count.size else 0
-    ann_pos = hpos[is_ann]  # (n_ann,)
+    ann_pos = hpos[hcode < SKIP]  # (n_ann,)
     labels = code[ann_pos]
-
-    # Times: I of each annotation word, plus the SKIP intervals before it.
-    delta = (body[ann_pos] & 0x3FF).astype(np.int64)
-    skip_h = hcode == SKIP
-    if skip_h.any():
-        sp = hpos[skip_h]
-        # high word first, then low word; signed 32-bit (wfdb: two's complement long)
-        interval = ((body[sp + 1].astype(np.uint32) << 16) | body[sp + 2].astype(np.uint32)).view(np.int32)
-        np.add.at(delta, ann_count[skip_h], interval.astype(np.int64))  # the next annotation
-    sample = np.cumsum(delta)
-
-    # Fields: each field word belongs to the annotation before it.
-    fields = {}
-    for fcode in (NUM, SUB, CHN, AUX):
-        sel = hcode == fcode
-        pos = hpos[sel]
-        ids = ann_count[sel] - 1
-        if ids.size > 1 and np.any(np.diff(ids) == 0):
-            return None  # two words of one field for one annotation
-        fields[fcode] = (pos, ids)
-    subtype = np.zeros(n_ann, dtype=np.int64)
-    pos, ids = fields[SUB]
-    subtype[ids] = low[pos].astype(np.uint8).view(np.int8)  # signed char
-    chan = _forward_fill(n_ann, fields[CHN][1], low[fields[CHN][0]])  # unsigned char, persists
-    pos, ids = fields[NUM]
-    num = _forward_fill(n_ann, ids, low[pos].astype(np.uint8).view(np.int8))  # signed, persists
-    aux_note = [""] * n_ann
-    pos, ids = fields[AUX]
-    for p, i, n in zip(pos.tolist(), ids.tolist(), low[pos].tolist()):
-        start = 2 * p + 2
-        aux_note[i] = data[start : start + n].decode("latin-1")  # wfdb: chr() of each byte
-
+    sample = _sample_times(body, hpos, hcode, ann_count, ann_pos)
+    fields = _annotation_fields(data, low, hpos, hcode, ann_count, n_ann)
+    if fields is None:
+        return None
+    subtype, chan, num, aux_note = fields
     if sampto:  # wfdb stops at the first annotation after sampto
         over = np.flatnonzero(sample > sampto)
         if over.size:
@@ -215,6 +162,85 @@ def parse_mit_annotations(data: bytes, *, sampto: Optional[int] = None) -> Optio
         sample=sample.astype(np.int64), symbol=symbol, aux_note=aux_note,
         subtype=subtype, chan=chan, num=num, label_store=labels.astype(np.int64),
     )
+
+
+def _header_words(code: np.ndarray, low: np.ndarray) -> Optional[np.ndarray]:
+    """Which words are headers (annotation, SKIP, NUM, SUB, CHN, AUX), not SKIP/AUX payload.
+
+    Walks only the words whose code is >= 59 (a few per thousand), skipping those that lie
+    inside a payload; a payload word with a smaller code is masked out too. None when a
+    payload runs into the end marker or past the file end.
+    """
+    nw = int(code.size)
+    header = np.ones(nw, dtype=bool)
+    special = np.flatnonzero(code >= SKIP)
+    next_free = 0
+    for p, a, n in zip(special.tolist(), code[special].tolist(), low[special].tolist()):
+        if p < next_free:  # inside the previous payload
+            continue
+        if a == SKIP:
+            end = p + 3
+        elif a == AUX:
+            end = p + 1 + (n + 1) // 2
+        else:
+            continue
+        if end > nw:
+            return None
+        header[p + 1 : end] = False
+        next_free = end
+    return header
+
+
+def _well_formed(hcode: np.ndarray) -> bool:
+    """A field word follows an annotation or another field word; a SKIP is followed by an annotation.
+
+    (wfdb reads a field word right after a SKIP, or first in the file, as an annotation of
+    type 60..63: a construct left to it.)
+    """
+    if not hcode.size:
+        return True
+    prev_code = np.concatenate(([SKIP], hcode[:-1]))
+    return not (np.any((hcode > SKIP) & (prev_code == SKIP)) or hcode[-1] == SKIP)
+
+
+def _sample_times(body: np.ndarray, hpos: np.ndarray, hcode: np.ndarray, ann_count: np.ndarray,
+                  ann_pos: np.ndarray) -> np.ndarray:
+    """Each annotation's sample: the running sum of its I field and the SKIP intervals before it."""
+    delta = (body[ann_pos] & 0x3FF).astype(np.int64)
+    skip_h = hcode == SKIP
+    if skip_h.any():
+        sp = hpos[skip_h]
+        # high word first, then low word; signed 32-bit (wfdb: two's complement long)
+        interval = ((body[sp + 1].astype(np.uint32) << 16) | body[sp + 2].astype(np.uint32)).view(np.int32)
+        np.add.at(delta, ann_count[skip_h], interval.astype(np.int64))  # the next annotation
+    return np.cumsum(delta)
+
+
+def _annotation_fields(data: bytes, low: np.ndarray, hpos: np.ndarray, hcode: np.ndarray, ann_count: np.ndarray,
+                       n_ann: int) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray, List[str]]]:
+    """(subtype, chan, num, aux_note) per annotation: each field word belongs to the annotation
+    before it; CHN and NUM persist to the next annotations, as in wfdb. None when one
+    annotation has two words of one field."""
+    fields = {}
+    for fcode in (NUM, SUB, CHN, AUX):
+        sel = hcode == fcode
+        pos = hpos[sel]
+        ids = ann_count[sel] - 1
+        if ids.size > 1 and np.any(np.diff(ids) == 0):
+            return None
+        fields[fcode] = (pos, ids)
+    subtype = np.zeros(n_ann, dtype=np.int64)
+    pos, ids = fields[SUB]
+    subtype[ids] = low[pos].astype(np.uint8).view(np.int8)  # signed char
+    chan = _forward_fill(n_ann, fields[CHN][1], low[fields[CHN][0]])  # unsigned char, persists
+    pos, ids = fields[NUM]
+    num = _forward_fill(n_ann, ids, low[pos].astype(np.uint8).view(np.int8))  # signed, persists
+    aux_note = [""] * n_ann
+    pos, ids = fields[AUX]
+    for p, i, n in zip(pos.tolist(), ids.tolist(), low[pos].tolist()):
+        start = 2 * p + 2
+        aux_note[i] = data[start : start + n].decode("latin-1")  # wfdb: chr() of each byte
+    return subtype, chan, num, aux_note
 
 
 def read_mit_annotations(path: Union[str, Path], *, sampto: Optional[int] = None) -> Optional[MitAnnotations]:

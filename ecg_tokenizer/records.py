@@ -263,17 +263,7 @@ def load_record(
     full = sampto is None
     rec, header, fs, sig_files = _read_signal(name, base, hea, sampto)
     notes: List[str] = []
-    ch = _pick_lead(name, list(header.sig_name), lead, lead_fallback, notes)
-    if rec.d_signal is None or rec.d_signal.ndim != 2 or rec.d_signal.shape[1] <= ch:
-        raise RecordError(name, f"signal file holds no samples for lead {header.sig_name[ch]}")
-    sig = np.ascontiguousarray(rec.d_signal[:, ch])
-    if sig.size == 0:
-        raise RecordError(name, "signal has no samples")
-    lead_name = header.sig_name[ch]
-    if full:
-        _check_checksum(name, header, ch, sig)
-    _check_samples(name, sig, str(header.fmt[ch]), lead_name)
-    gain_per_mv = _gain_per_mv(name, header, ch)
+    sig, lead_name, gain_per_mv = _lead_signal(name, rec, header, lead, lead_fallback, full, notes)
     n = int(sig.size)
 
     inputs: Dict[str, str] = {}
@@ -289,28 +279,8 @@ def load_record(
             inputs[atr.name] = sha256_file(atr)
     elif use_annotations and on_missing_annotations == "error":
         raise RecordError(name, f"annotation file {atr.name} is missing ({atr}) and on_missing_annotations=error")
-
-    det_stats = None
-    if use_annotations and ann is not None:
-        beats, symbols, beat_rh, source = ann.samples, ann.codes, ann.rhythm_idx, "annotations"
-        if detector_check:
-            from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
-
-            det_stats = compare_beats(ann.samples, detect_beats(sig, gain_per_mv, fs, detector), fs)
-    else:
-        from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
-
-        beats = detect_beats(sig, gain_per_mv, fs, detector)
-        symbols = np.full(beats.size, -1, dtype=np.int16)
-        beat_rh = np.full(beats.size, -1, dtype=np.int16)
-        source = "detector"
-        if ann is not None:
-            det_stats = compare_beats(ann.samples, beats, fs)
-            # Rhythm is a property of time: carry the annotated rhythm onto detected beats.
-            if ann.rhythms:
-                beat_rh = _rhythm_at(beats, ann.changes)
-        if beats.size == 0:
-            raise RecordError(name, f"the R-peak detector found no beats in lead {lead_name}")
+    beats, symbols, beat_rh, source, det_stats = _beats(
+        name, sig, gain_per_mv, fs, lead_name, ann if use_annotations else None, ann, detector_check, detector)
     return EcgRecord(
         name=name, fs=fs, lead=lead_name, signal=sig, gain_per_mv=gain_per_mv,
         beat_samples=np.asarray(beats, dtype=np.int64), beat_symbols=np.asarray(symbols, dtype=np.int16),
@@ -319,6 +289,51 @@ def load_record(
         detector=det_stats, inputs=inputs, notes=notes,
         dropped=list(ann.outside) if use_annotations and ann is not None else [],
     )
+
+
+def _lead_signal(name: str, rec: Any, header: Any, lead: str, lead_fallback: str, full: bool,
+                 notes: List[str]) -> Tuple[np.ndarray, str, float]:
+    """(digital samples of the chosen lead, its name, ADC units per mV), checked."""
+    ch = _pick_lead(name, list(header.sig_name), lead, lead_fallback, notes)
+    if rec.d_signal is None or rec.d_signal.ndim != 2 or rec.d_signal.shape[1] <= ch:
+        raise RecordError(name, f"signal file holds no samples for lead {header.sig_name[ch]}")
+    sig = np.ascontiguousarray(rec.d_signal[:, ch])
+    if sig.size == 0:
+        raise RecordError(name, "signal has no samples")
+    lead_name = header.sig_name[ch]
+    if full:
+        _check_checksum(name, header, ch, sig)
+    _check_samples(name, sig, str(header.fmt[ch]), lead_name)
+    return sig, lead_name, _gain_per_mv(name, header, ch)
+
+
+def _beats(name: str, sig: np.ndarray, gain_per_mv: float, fs: float, lead_name: str, use: Optional["_Annotations"],
+           ann: Optional["_Annotations"], detector_check: bool, detector: str) -> Tuple[Any, Any, Any, str, Any]:
+    """(beat samples, symbols, rhythm indices, source, detector statistics).
+
+    From ``use`` (the annotations, when they are to be used), else the R-peak detector, whose
+    beats carry no symbol and the annotated rhythm of their time; the detector is compared
+    with ``ann`` when both exist (``detector_check`` on annotated beats).
+    """
+    if use is not None and not detector_check:  # the usual case: no detector module loaded
+        return use.samples, use.codes, use.rhythm_idx, "annotations", None
+    from hlmtune.ecg_tokenizer.detector import compare_beats, detect_beats
+
+    if use is not None:
+        det_stats = compare_beats(use.samples, detect_beats(sig, gain_per_mv, fs, detector), fs)
+        return use.samples, use.codes, use.rhythm_idx, "annotations", det_stats
+    beats = detect_beats(sig, gain_per_mv, fs, detector)
+    symbols = np.full(beats.size, -1, dtype=np.int16)
+    beat_rh = np.full(beats.size, -1, dtype=np.int16)
+    det_stats = None
+    if ann is not None:
+        det_stats = compare_beats(ann.samples, beats, fs)
+        # Rhythm is a property of time: carry the annotated rhythm onto detected beats.
+        if ann.rhythms:
+            beat_rh = _rhythm_at(beats, ann.changes)
+    if beats.size == 0:
+        raise RecordError(name, f"the R-peak detector found no beats in lead {lead_name}")
+    return beats, symbols, beat_rh, "detector", det_stats
 
 
 # ---------------------------------------------------------------------------- load_record's steps

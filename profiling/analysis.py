@@ -152,6 +152,18 @@ def build_table(
         List[Dict[str, Any]]: rows (keys :data:`GROUP_KEYS`, ``n_runs``, :data:`VALUE_KEYS`,
         :data:`SCALING_KEYS`, ``api_*_pct``, ``status``, ``run_dirs``).
     """
+    rows = [_row(key, members, problems, work_tolerance) for key, members in _group_runs(runs, problems, include_partial).items()]
+    groups: Dict[Tuple, List[Dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in BASELINE_KEYS), []).append(row)
+    for gkey, grows in groups.items():
+        _scale_group(gkey, grows, problems, work_tolerance)
+    rows.sort(key=lambda r: tuple(str(r[k]) for k in BASELINE_KEYS + BATCH_KEYS) + (r["nodes"] if isinstance(r["nodes"], int) else 0, r["devices"] if isinstance(r["devices"], int) else 0))
+    return rows
+
+
+def _group_runs(runs: List[Dict[str, Any]], problems: List[Dict[str, str]], include_partial: bool) -> Dict[Tuple, List[Dict[str, Any]]]:
+    """Usable runs by their :data:`GROUP_KEYS` values; every run left out is in ``problems``."""
     by_key: Dict[Tuple, List[Dict[str, Any]]] = {}
     for r in runs:
         meta, s = r["run"], r["summary"]
@@ -182,92 +194,94 @@ def build_table(
         # Unknown values group as "?"; a run without a prompt template has template "none".
         key = tuple(("none" if k == "template" else "?") if key_vals[k] is None else key_vals[k] for k in GROUP_KEYS)
         by_key.setdefault(key, []).append(r)
+    return by_key
 
-    rows: List[Dict[str, Any]] = []
-    for key, members in by_key.items():
-        row: Dict[str, Any] = dict(zip(GROUP_KEYS, key))
-        row["n_runs"] = len(members)
-        row["status"] = "complete" if all(m["summary"].get("complete") for m in members) else "partial"
-        for k in VALUE_KEYS:
-            if k in MEMORY_COLUMNS:  # from the step records: the summary knows one name per peak
-                row[k] = _mean([_max_over_records(m["steps"], MEMORY_COLUMNS[k]) for m in members])
-            else:
-                row[k] = _mean([m["summary"].get(k) for m in members])
-        works = [_run_work(m["run"], m["summary"]) for m in members]
-        row["_work"] = _mean([w for w, _ in works])
-        kinds = {kind for _, kind in works if kind}
-        row["_work_kind"] = kinds.pop() if len(kinds) == 1 else None
-        shares: Dict[str, List[float]] = {}
-        for m in members:
-            for k, v in _headline_shares(m.get("api")).items():
-                shares.setdefault(k, []).append(v)
-        for k, v in shares.items():
-            row[k] = sum(v) / len(v)
-        row["run_dirs"] = ";".join(m["dir"] for m in members)
-        # Repeats of one setting average into one measurement only when they did the same work
-        # (a run of 8 steps and one of 16 are not one T): otherwise the row's T is no run's.
-        done = [w for w, _ in works if w]
-        row["_mixed_work"] = bool(done) and (max(done) - min(done)) / max(done) > work_tolerance
-        if row["_mixed_work"]:
-            problems.append({"path": row["run_dirs"], "reason": (
-                f"mismatched: the {len(members)} runs of this row did different work ({min(done):.6g} to "
-                f"{max(done):.6g} {row['_work_kind'] or 'units'}, > {100 * work_tolerance:g}% apart): their mean T "
-                "is no run's; T-based speedup/efficiency/overhead left empty for it and against it")})
-        rows.append(row)
 
-    # Scaling against the 1-device row of the baseline group.
-    groups: Dict[Tuple, List[Dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(tuple(row[k] for k in BASELINE_KEYS), []).append(row)
-    for gkey, grows in groups.items():
-        ones = [r for r in grows if r["devices"] == 1 and r["status"] == "complete"]
-        label = ", ".join(f"{k}={v}" for k, v in zip(BASELINE_KEYS, gkey))
-        if not ones:
-            for r in grows:
-                r["baseline"] = "none: no complete 1-device run in this group"
-            if any(r["devices"] != 1 for r in grows):
-                problems.append({"path": label, "reason": "no 1-device baseline: speedup/efficiency/overhead not computed"})
-            continue
+def _row(key: Tuple, members: List[Dict[str, Any]], problems: List[Dict[str, str]], work_tolerance: float) -> Dict[str, Any]:
+    """One table row: the mean of its runs' values, their work, API shares and run folders."""
+    row: Dict[str, Any] = dict(zip(GROUP_KEYS, key))
+    row["n_runs"] = len(members)
+    row["status"] = "complete" if all(m["summary"].get("complete") for m in members) else "partial"
+    for k in VALUE_KEYS:
+        if k in MEMORY_COLUMNS:  # from the step records: the summary knows one name per peak
+            row[k] = _mean([_max_over_records(m["steps"], MEMORY_COLUMNS[k]) for m in members])
+        else:
+            row[k] = _mean([m["summary"].get(k) for m in members])
+    works = [_run_work(m["run"], m["summary"]) for m in members]
+    row["_work"] = _mean([w for w, _ in works])
+    kinds = {kind for _, kind in works if kind}
+    row["_work_kind"] = kinds.pop() if len(kinds) == 1 else None
+    shares: Dict[str, List[float]] = {}
+    for m in members:
+        for k, v in _headline_shares(m.get("api")).items():
+            shares.setdefault(k, []).append(v)
+    for k, v in shares.items():
+        row[k] = sum(v) / len(v)
+    row["run_dirs"] = ";".join(m["dir"] for m in members)
+    # Repeats of one setting average into one measurement only when they did the same work
+    # (a run of 8 steps and one of 16 are not one T): otherwise the row's T is no run's.
+    done = [w for w, _ in works if w]
+    row["_mixed_work"] = bool(done) and (max(done) - min(done)) / max(done) > work_tolerance
+    if row["_mixed_work"]:
+        problems.append({"path": row["run_dirs"], "reason": (
+            f"mismatched: the {len(members)} runs of this row did different work ({min(done):.6g} to "
+            f"{max(done):.6g} {row['_work_kind'] or 'units'}, > {100 * work_tolerance:g}% apart): their mean T "
+            "is no run's; T-based speedup/efficiency/overhead left empty for it and against it")})
+    return row
+
+
+def _scale_group(gkey: Tuple, grows: List[Dict[str, Any]], problems: List[Dict[str, str]], work_tolerance: float) -> None:
+    """Scaling columns of one baseline group's rows, against its complete 1-device rows."""
+    ones = [r for r in grows if r["devices"] == 1 and r["status"] == "complete"]
+    label = ", ".join(f"{k}={v}" for k, v in zip(BASELINE_KEYS, gkey))
+    if not ones:
         for r in grows:
-            n = r["devices"]
-            same_global = [b for b in ones if _global_batch(b) is not None and _global_batch(b) == _global_batch(r)]
-            same_local = [b for b in ones if all(b[k] == r[k] for k in ("batch_size", "gradient_accumulation_steps"))]
-            b = r if any(r is o for o in ones) else (same_global or same_local or [None])[0]
-            if b is None:
-                r["baseline"] = "none: no 1-device run with the same global or per-device batch"
-                problems.append({"path": r["run_dirs"], "reason": (
-                    f"no 1-device baseline with global batch {_global_batch(r)} or per-device batch "
-                    f"{r['batch_size']} x accumulation {r['gradient_accumulation_steps']} in group {label}")})
-                continue
-            kind = "same global batch" if any(b is g for g in same_global) else "same per-device batch"
-            r["baseline"] = "self" if r is b else f"1-device row, {kind} ({b['n_runs']} run(s))"
-            if r["status"] != "complete" or not isinstance(n, int):
-                continue
-            if b["tokens_per_second"] and r["tokens_per_second"] is not None:
-                r["speedup_tput"] = r["tokens_per_second"] / b["tokens_per_second"]
-                r["efficiency_tput"] = r["speedup_tput"] / n
-            same_work = True
-            if b["_work"] and r["_work"] is not None and b["_work_kind"] == r["_work_kind"]:
-                rel = abs(r["_work"] - b["_work"]) / b["_work"]
-                if rel > work_tolerance:
-                    same_work = False
-                    problems.append({
-                        "path": r["run_dirs"],
-                        "reason": (
-                            f"mismatched: {n}-device run did {r['_work']:.6g} {r['_work_kind']} vs "
-                            f"{b['_work']:.6g} for the 1-device run ({100 * rel:.1f}% apart > "
-                            f"{100 * work_tolerance:g}%): T-based speedup/efficiency/overhead left empty"
-                        ),
-                    })
-            elif r is not b:
-                problems.append({"path": r["run_dirs"], "reason": "work not verified: tokens/samples unknown for this run or its baseline"})
-            if same_work and r["total_time_s"] and not (r["_mixed_work"] or b["_mixed_work"]):
-                t1, tn = b["total_time_s"], r["total_time_s"]
-                r["speedup"] = t1 / tn
-                r["efficiency"] = r["speedup"] / n
-                r["overhead_s"] = tn - t1 / n
-    rows.sort(key=lambda r: tuple(str(r[k]) for k in BASELINE_KEYS + BATCH_KEYS) + (r["nodes"] if isinstance(r["nodes"], int) else 0, r["devices"] if isinstance(r["devices"], int) else 0))
-    return rows
+            r["baseline"] = "none: no complete 1-device run in this group"
+        if any(r["devices"] != 1 for r in grows):
+            problems.append({"path": label, "reason": "no 1-device baseline: speedup/efficiency/overhead not computed"})
+        return
+    for r in grows:
+        same_global = [b for b in ones if _global_batch(b) is not None and _global_batch(b) == _global_batch(r)]
+        same_local = [b for b in ones if all(b[k] == r[k] for k in ("batch_size", "gradient_accumulation_steps"))]
+        b = r if any(r is o for o in ones) else (same_global or same_local or [None])[0]
+        if b is None:
+            r["baseline"] = "none: no 1-device run with the same global or per-device batch"
+            problems.append({"path": r["run_dirs"], "reason": (
+                f"no 1-device baseline with global batch {_global_batch(r)} or per-device batch "
+                f"{r['batch_size']} x accumulation {r['gradient_accumulation_steps']} in group {label}")})
+            continue
+        kind = "same global batch" if any(b is g for g in same_global) else "same per-device batch"
+        r["baseline"] = "self" if r is b else f"1-device row, {kind} ({b['n_runs']} run(s))"
+        if r["status"] == "complete" and isinstance(r["devices"], int):
+            _scale_row(r, b, problems, work_tolerance)
+
+
+def _scale_row(r: Dict[str, Any], b: Dict[str, Any], problems: List[Dict[str, str]], work_tolerance: float) -> None:
+    """``speedup_tput`` always; ``speedup`` / ``efficiency`` / ``overhead_s`` when ``r`` did ``b``'s work."""
+    n = r["devices"]
+    if b["tokens_per_second"] and r["tokens_per_second"] is not None:
+        r["speedup_tput"] = r["tokens_per_second"] / b["tokens_per_second"]
+        r["efficiency_tput"] = r["speedup_tput"] / n
+    same_work = True
+    if b["_work"] and r["_work"] is not None and b["_work_kind"] == r["_work_kind"]:
+        rel = abs(r["_work"] - b["_work"]) / b["_work"]
+        if rel > work_tolerance:
+            same_work = False
+            problems.append({
+                "path": r["run_dirs"],
+                "reason": (
+                    f"mismatched: {n}-device run did {r['_work']:.6g} {r['_work_kind']} vs "
+                    f"{b['_work']:.6g} for the 1-device run ({100 * rel:.1f}% apart > "
+                    f"{100 * work_tolerance:g}%): T-based speedup/efficiency/overhead left empty"
+                ),
+            })
+    elif r is not b:
+        problems.append({"path": r["run_dirs"], "reason": "work not verified: tokens/samples unknown for this run or its baseline"})
+    if same_work and r["total_time_s"] and not (r["_mixed_work"] or b["_mixed_work"]):
+        t1, tn = b["total_time_s"], r["total_time_s"]
+        r["speedup"] = t1 / tn
+        r["efficiency"] = r["speedup"] / n
+        r["overhead_s"] = tn - t1 / n
 
 
 def table_columns(rows: List[Dict[str, Any]]) -> List[str]:

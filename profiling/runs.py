@@ -21,6 +21,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from hlmtune.files import atomic_write_text
@@ -177,70 +178,18 @@ def summarize_steps(records: List[Dict[str, Any]], *, warmup_steps: int, world_s
     Returns:
         Dict[str, Any]: the summary (without ``complete``; the caller sets it).
     """
-    timed: List[Tuple[float, int]] = []  # (iteration_time_s, steps_elapsed), post-warmup
-    all_timed: List[Tuple[float, int]] = []
-    untimed_steps = 0
-    tokens_post = 0.0
-    time_post = 0.0
-    tokens_known = True
-    tps_values: List[float] = []
-    tokens_total = 0.0
-    peaks: Dict[str, float] = {}
-    losses: List[float] = []
-    data_times: List[float] = []
+    acc = _StepTotals()
     # Warmup counts from the first step of this run (a resumed run starts at a later step).
     base = int(records[0]["step"]) - int(records[0].get("steps_elapsed", 1)) if records else 0
     for r in records:
-        for k, v in r.items():
-            if _PEAK_KEY.match(k):
-                fv = _num(v)
-                if fv is not None and fv > peaks.get(k, -1.0):
-                    peaks[k] = fv
-        n = int(r.get("steps_elapsed", 1))
-        if n == 0:  # an extra record for an already logged step: values only, no timing
-            continue
-        t = _num(r.get("iteration_time_s"))
-        post = int(r["step"]) > base + warmup_steps
-        if t is None:
-            untimed_steps += n
-        else:
-            all_timed.append((t, n))
-            if post:
-                timed.append((t, n))
-        tok = _num(r.get("tokens"))
-        if tok is None:
-            tokens_known = False
-        else:
-            tokens_total += tok * n
-        if post:
-            if t is not None and tok is not None:
-                tokens_post += tok * n
-                time_post += t * n
-            tps = _num(r.get("tokens_per_second"))
-            if tps is not None:
-                tps_values.append(tps)
-            dt = _num(r.get("data_time_s"))
-            if dt is not None:
-                data_times.append(dt)
-        loss = _num(r.get("loss"))
-        if loss is not None:
-            losses.append(loss)
-    post_times = [t for t, _ in timed]
-    fill = _mean(post_times) if post_times else _mean([t for t, _ in all_timed])
-    total = sum(t * n for t, n in all_timed)
-    extrapolated = 0
-    if untimed_steps and fill is not None:
-        total += untimed_steps * fill
-        extrapolated = untimed_steps
-    if tokens_known and time_post > 0:
-        tps = tokens_post / time_post
-    else:
-        tps = _mean(tps_values)
-    steps_total = sum(int(r.get("steps_elapsed", 1)) for r in records)
+        acc.add(r, post=int(r["step"]) > base + warmup_steps)
+    post_times = [t for t, _ in acc.timed]
+    total, extrapolated = acc.total_time()
+    tps = acc.tokens_post / acc.time_post if acc.tokens_known and acc.time_post > 0 else _mean(acc.tps_values)
     summary: Dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
         "records": len(records),
-        "steps": steps_total,
+        "steps": sum(int(r.get("steps_elapsed", 1)) for r in records),
         "first_step": int(records[0]["step"]) if records else None,
         "last_step": int(records[-1]["step"]) if records else None,
         "warmup_steps": warmup_steps,
@@ -250,18 +199,82 @@ def summarize_steps(records: List[Dict[str, Any]], *, warmup_steps: int, world_s
         "iteration_time_s_p90": percentile(post_times, 90),
         "iteration_time_s_min": min(post_times) if post_times else None,
         "iteration_time_s_max": max(post_times) if post_times else None,
-        "total_time_s": total if (all_timed or extrapolated) else None,
+        "total_time_s": total,
         "total_time_extrapolated_steps": extrapolated,
-        "tokens_total": tokens_total if (tokens_known and records) else None,
+        "tokens_total": acc.tokens_total if (acc.tokens_known and records) else None,
         "tokens_per_second": tps,
         "tokens_per_second_per_gpu": tps / world_size if tps is not None and world_size else None,
-        "data_time_s_mean": _mean(data_times),
-        "loss_first": losses[0] if losses else None,
-        "loss_last": losses[-1] if losses else None,
+        "data_time_s_mean": _mean(acc.data_times),
+        "loss_first": acc.losses[0] if acc.losses else None,
+        "loss_last": acc.losses[-1] if acc.losses else None,
     }
-    for k in sorted(peaks):
-        summary[k] = peaks[k]
+    for k in sorted(acc.peaks):
+        summary[k] = acc.peaks[k]
     return summary
+
+
+@dataclass
+class _StepTotals:
+    """What :func:`summarize_steps` accumulates over the records (definitions there)."""
+
+    timed: List[Tuple[float, int]] = field(default_factory=list)  # (iteration_time_s, steps_elapsed), post-warmup
+    all_timed: List[Tuple[float, int]] = field(default_factory=list)
+    untimed_steps: int = 0
+    tokens_post: float = 0.0
+    time_post: float = 0.0
+    tokens_known: bool = True
+    tps_values: List[float] = field(default_factory=list)
+    tokens_total: float = 0.0
+    peaks: Dict[str, float] = field(default_factory=dict)
+    losses: List[float] = field(default_factory=list)
+    data_times: List[float] = field(default_factory=list)
+
+    def add(self, r: Dict[str, Any], *, post: bool) -> None:
+        """One step record; ``post``: after the warmup steps."""
+        for k, v in r.items():
+            if _PEAK_KEY.match(k):
+                fv = _num(v)
+                if fv is not None and fv > self.peaks.get(k, -1.0):
+                    self.peaks[k] = fv
+        n = int(r.get("steps_elapsed", 1))
+        if n == 0:  # an extra record for an already logged step: values only, no timing
+            return
+        t = _num(r.get("iteration_time_s"))
+        if t is None:
+            self.untimed_steps += n
+        else:
+            self.all_timed.append((t, n))
+            if post:
+                self.timed.append((t, n))
+        tok = _num(r.get("tokens"))
+        if tok is None:
+            self.tokens_known = False
+        else:
+            self.tokens_total += tok * n
+        if post:
+            if t is not None and tok is not None:
+                self.tokens_post += tok * n
+                self.time_post += t * n
+            tps = _num(r.get("tokens_per_second"))
+            if tps is not None:
+                self.tps_values.append(tps)
+            dt = _num(r.get("data_time_s"))
+            if dt is not None:
+                self.data_times.append(dt)
+        loss = _num(r.get("loss"))
+        if loss is not None:
+            self.losses.append(loss)
+
+    def total_time(self) -> Tuple[Optional[float], int]:
+        """(training-loop time, steps whose time was filled in with the post-warmup mean)."""
+        post_times = [t for t, _ in self.timed]
+        fill = _mean(post_times) if post_times else _mean([t for t, _ in self.all_timed])
+        total = sum(t * n for t, n in self.all_timed)
+        extrapolated = 0
+        if self.untimed_steps and fill is not None:
+            total += self.untimed_steps * fill
+            extrapolated = self.untimed_steps
+        return (total if (self.all_timed or extrapolated) else None), extrapolated
 
 
 def is_superseded(path: Path) -> bool:
