@@ -297,7 +297,6 @@ def main() -> None:
         cfg_path = str(write_config(args, work, assets, rows))
         overrides = []
         tps = tokens_per_step(rows, args.batch_size, args.steps, args.recipe == "dpo")
-        import torch
         from torchtune.models.llama3 import llama3
 
         n_params = sum(p.numel() for p in llama3(vocab_size=assets["vocab_size"], num_layers=args.layers,

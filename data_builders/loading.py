@@ -448,6 +448,47 @@ def _iter_rows(data: Any, order: Iterable[int]) -> Iterator[Tuple[int, Dict[str,
             yield index, {c: batch[c][j] for c in columns}
 
 
+def _scan_rows(name: str, loaded: Any, order: Any, check: RowCheck, on_bad_row: str, subset_size: Optional[int],
+               filter_fn: Optional[Callable[[Mapping[str, Any]], bool]]) -> Tuple[List[int], int, int, List[str]]:
+    """Visit rows in ``order`` until ``subset_size`` good ones pass ``filter_fn`` (all rows without it).
+
+    Returns:
+        Tuple[List[int], int, int, List[str]]: (kept row indices, bad rows skipped, rows
+        removed by the filter, the first bad rows' messages).
+    """
+    from tqdm.auto import tqdm
+
+    keep: List[int] = []
+    examples = list(loaded.pre_skipped)
+    skipped = loaded.pre_skipped_count
+    filtered = 0
+    n = len(loaded.data)
+    # The bar shows only on a terminal and for big splits (hub datasets).
+    total = n if subset_size is None else subset_size
+    bar = tqdm(total=total, desc=f"{name}: checking rows", unit="row", disable=None if n > 50_000 else True)
+    try:
+        for index, row in _iter_rows(loaded.data, order):
+            problem = check(row)
+            if problem is not None:
+                message = f"{loaded.where(index)}: {problem}"
+                if on_bad_row == "error":
+                    raise BadRowError(f"{name}: {message}", skippable=True)
+                skipped += 1
+                if len(examples) < _LOG_EXAMPLES:
+                    examples.append(message)
+                continue
+            if filter_fn is not None and not filter_fn(row):
+                filtered += 1
+                continue
+            keep.append(index)
+            bar.update(1)
+            if subset_size is not None and len(keep) == subset_size:
+                break
+    finally:
+        bar.close()
+    return keep, skipped, filtered, examples
+
+
 def prepare_rows(
     *,
     name: str,
@@ -504,37 +545,8 @@ def prepare_rows(
     )
     data = loaded.data
     n = len(data)
-    order = _visit_order(n, subset_size, subset_seed)
-
-    keep: List[int] = []
-    examples = list(loaded.pre_skipped)
-    skipped = loaded.pre_skipped_count
-    filtered = 0
-    from tqdm.auto import tqdm
-
-    # The bar shows only on a terminal and for big splits (hub datasets).
-    total = n if subset_size is None else subset_size
-    bar = tqdm(total=total, desc=f"{name}: checking rows", unit="row", disable=None if n > 50_000 else True)
-    try:
-        for index, row in _iter_rows(data, order):
-            problem = check(row)
-            if problem is not None:
-                message = f"{loaded.where(index)}: {problem}"
-                if on_bad_row == "error":
-                    raise BadRowError(f"{name}: {message}", skippable=True)
-                skipped += 1
-                if len(examples) < _LOG_EXAMPLES:
-                    examples.append(message)
-                continue
-            if filter_fn is not None and not filter_fn(row):
-                filtered += 1
-                continue
-            keep.append(index)
-            bar.update(1)
-            if subset_size is not None and len(keep) == subset_size:
-                break
-    finally:
-        bar.close()
+    keep, skipped, filtered, examples = _scan_rows(name, loaded, _visit_order(n, subset_size, subset_seed), check,
+                                                   on_bad_row, subset_size, filter_fn)
     if subset_size is not None and len(keep) < subset_size:
         raise ValueError(
             f"{name}: subset_size={subset_size} but {loaded.source} has only {len(keep)} usable "

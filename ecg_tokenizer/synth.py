@@ -13,7 +13,7 @@ Records are written with ``wfdb.wrsamp`` (format 212, 2 leads MLII and V1) and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -29,6 +29,74 @@ def _add_beat(sig: np.ndarray, fs: float, r: int, waves) -> None:
     t = (np.arange(lo, hi) - r) / fs
     for off, amp, width in waves:
         sig[lo:hi] += amp * np.exp(-0.5 * ((t - off) / width) ** 2)
+
+
+def _beat_train(sig: np.ndarray, fs: int, duration_s: float, rng: np.random.Generator, af: Optional[Tuple[int, int]],
+                *, pvc_rate: float, apb_rate: float) -> Tuple[List[int], List[str]]:
+    """Add the beats to ``sig`` (mV, (n,)); returns their R-peak samples and symbols."""
+    base_rr = rng.uniform(0.65, 1.0)
+    samples: List[int] = []
+    symbols: List[str] = []
+    t = 0.5
+    while t < duration_s - 0.8:
+        r = int(round(t * fs))
+        in_af = af is not None and af[0] <= r < af[1]
+        if in_af:
+            _add_beat(sig, fs, r, _AF)
+            samples.append(r), symbols.append("N")
+            t += rng.uniform(0.4, 1.1)  # irregularly irregular
+            continue
+        u = rng.random()
+        if samples and symbols[-1] == "N" and u < pvc_rate:
+            # Replace this beat by an early PVC, then a compensatory pause.
+            r = int(round((t - 0.35 * base_rr) * fs))
+            _add_beat(sig, fs, r, _PVC)
+            samples.append(r), symbols.append("V")
+            t += 0.65 * base_rr + base_rr
+            continue
+        if samples and symbols[-1] == "N" and u < pvc_rate + apb_rate:
+            r = int(round((t - 0.25 * base_rr) * fs))
+            _add_beat(sig, fs, r, _APB)
+            samples.append(r), symbols.append("A")
+            t += 0.75 * base_rr + base_rr * rng.uniform(0.95, 1.05)
+            continue
+        _add_beat(sig, fs, r, _NORMAL)
+        samples.append(r), symbols.append("N")
+        t += base_rr * rng.uniform(0.97, 1.03)
+    return samples, symbols
+
+
+def _add_noise(sig: np.ndarray, fs: int, rng: np.random.Generator, af: Optional[Tuple[int, int]]) -> None:
+    """Fibrillatory waves in the AF episode, baseline wander and white noise, in place."""
+    n = sig.size
+    tt = np.arange(n) / fs
+    if af is not None:
+        fw = np.zeros(n)
+        for f in (4.3, 6.1, 8.7):
+            fw += 0.03 * np.sin(2 * np.pi * f * tt + rng.uniform(0, 2 * np.pi))
+        sig[af[0] : af[1]] += fw[af[0] : af[1]]
+    sig += 0.1 * np.sin(2 * np.pi * 0.3 * tt + rng.uniform(0, 2 * np.pi))  # baseline wander
+    sig += rng.normal(0, 0.01, n)
+
+
+def _write_annotations(name: str, out_dir: Path, samples: List[int], symbols: List[str],
+                       af: Optional[Tuple[int, int]]) -> None:
+    """``name.atr``: the beats and the rhythm changes."""
+    import wfdb
+
+    # Rhythm changes sit one sample before the first beat of the new rhythm (as in MIT-BIH).
+    anns = [(0, "+", "(N")] + [(int(s), sym, "") for s, sym in zip(samples, symbols)]
+    if af is not None:
+        first_af = next(i for i, s in enumerate(samples) if s >= af[0])
+        anns.append((samples[first_af] - 1, "+", "(AFIB"))
+        after_af = next((i for i, s in enumerate(samples) if s >= af[1]), None)
+        if after_af is not None:
+            anns.append((samples[after_af] - 1, "+", "(N"))
+    anns.sort(key=lambda x: x[0])
+    wfdb.wrann(
+        name, "atr", np.array([x[0] for x in anns], dtype=np.int64), symbol=[x[1] for x in anns],
+        aux_note=[x[2] for x in anns], write_dir=str(out_dir),
+    )
 
 
 def synthesize_record(
@@ -59,7 +127,7 @@ def synthesize_record(
         Dict[str, object]: ``samples`` (beat R peaks), ``symbols``, ``af`` (start, end)
         samples of the AF episode or None.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # one stream, drawn in this order: rhythm, beats, noise
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     n = int(round(duration_s * fs))
@@ -68,44 +136,9 @@ def synthesize_record(
     if af_fraction > 0:
         a0 = int(n * (0.5 - af_fraction / 2))
         af = (a0, a0 + int(n * af_fraction))
-    base_rr = rng.uniform(0.65, 1.0)
-    samples: List[int] = []
-    symbols: List[str] = []
-    t = 0.5
-    while t < duration_s - 0.8:
-        r = int(round(t * fs))
-        in_af = af is not None and af[0] <= r < af[1]
-        if in_af:
-            _add_beat(sig, fs, r, _AF)
-            samples.append(r), symbols.append("N")
-            t += rng.uniform(0.4, 1.1)  # irregularly irregular
-            continue
-        u = rng.random()
-        if samples and symbols[-1] == "N" and u < pvc_rate:
-            # Replace this beat by an early PVC, then a compensatory pause.
-            r = int(round((t - 0.35 * base_rr) * fs))
-            _add_beat(sig, fs, r, _PVC)
-            samples.append(r), symbols.append("V")
-            t += 0.65 * base_rr + base_rr
-            continue
-        if samples and symbols[-1] == "N" and u < pvc_rate + apb_rate:
-            r = int(round((t - 0.25 * base_rr) * fs))
-            _add_beat(sig, fs, r, _APB)
-            samples.append(r), symbols.append("A")
-            t += 0.75 * base_rr + base_rr * rng.uniform(0.95, 1.05)
-            continue
-        _add_beat(sig, fs, r, _NORMAL)
-        samples.append(r), symbols.append("N")
-        t += base_rr * rng.uniform(0.97, 1.03)
-    tt = np.arange(n) / fs
-    if af is not None:
-        fw = np.zeros(n)
-        for f in (4.3, 6.1, 8.7):
-            fw += 0.03 * np.sin(2 * np.pi * f * tt + rng.uniform(0, 2 * np.pi))
-        sig[af[0] : af[1]] += fw[af[0] : af[1]]
-    sig += 0.1 * np.sin(2 * np.pi * 0.3 * tt + rng.uniform(0, 2 * np.pi))  # baseline wander
-    sig += rng.normal(0, 0.01, n)
-    v1 = -0.6 * sig + 0.05 * np.sin(2 * np.pi * 0.2 * tt)
+    samples, symbols = _beat_train(sig, fs, duration_s, rng, af, pvc_rate=pvc_rate, apb_rate=apb_rate)
+    _add_noise(sig, fs, rng, af)
+    v1 = -0.6 * sig + 0.05 * np.sin(2 * np.pi * 0.2 * np.arange(n) / fs)
     p = np.clip(np.stack([sig, v1], axis=1), -5.0, 5.0)
 
     import wfdb
@@ -114,21 +147,7 @@ def synthesize_record(
         name, fs=fs, units=["mV", "mV"], sig_name=["MLII", "V1"], p_signal=p, fmt=["212", "212"],
         adc_gain=[200.0, 200.0], baseline=[1024, 1024], write_dir=str(out_dir),
     )
-    # Rhythm changes sit one sample before the first beat of the new rhythm (as in MIT-BIH).
-    anns = [(0, "+", "(N")] + [(int(s), sym, "") for s, sym in zip(samples, symbols)]
-    if af is not None:
-        first_af = next(i for i, s in enumerate(samples) if s >= af[0])
-        anns.append((samples[first_af] - 1, "+", "(AFIB"))
-        after_af = next((i for i, s in enumerate(samples) if s >= af[1]), None)
-        if after_af is not None:
-            anns.append((samples[after_af] - 1, "+", "(N"))
-    anns.sort(key=lambda x: x[0])
-    ann_s = [x[0] for x in anns]
-    ann_sym = [x[1] for x in anns]
-    ann_aux = [x[2] for x in anns]
-    wfdb.wrann(
-        name, "atr", np.array(ann_s, dtype=np.int64), symbol=ann_sym, aux_note=ann_aux, write_dir=str(out_dir),
-    )
+    _write_annotations(name, out_dir, samples, symbols, af)
     return {"samples": np.array(samples, dtype=np.int64), "symbols": symbols, "af": af}
 
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import traceback
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from hlmtune.proc import LAUNCHER_PID_ENV
 
@@ -417,65 +417,20 @@ def validate_cli(argv: List[str]) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from hlmtune.compat import load_config
     from hlmtune.launch import PreLaunchError
-    from hlmtune.preflight import env_problems, preflight
-    from hlmtune.registry import RECIPES, recipe_for_config, recipe_in_header, resolve_config, resolve_recipe
-    from hlmtune.training.schema import ConfigError, build_model_on_meta, config_warnings, validate_config
+    from hlmtune.registry import resolve_config
+    from hlmtune.training.schema import ConfigError, config_warnings
 
     try:
         path = resolve_config(args.config)
     except FileNotFoundError as e:
         print(f"hlmtune validate: {e}", file=sys.stderr)
         return 2
-    words = ([args.recipe] if args.recipe else []) + list(args.overrides)
-    # Positionals may come in any order around --config: the recipe is the one word that is
-    # not a key=value / ~key override.
-    names = [w for w in words if "=" not in w and not w.startswith("~")]
-    if len(names) > 1:
-        print(f"hlmtune validate: more than one recipe given: {names}", file=sys.stderr)
-        return 2
-    args.recipe = names[0] if names else None
-    args.overrides = [w for w in words if w not in names]
-    recipe = args.recipe or recipe_for_config(args.config)
+    recipe = _validate_recipe_name(args, path)
     if recipe is None:
-        recipe = recipe_in_header(path)  # a copy under another name keeps its header's launch command
-        if recipe is not None:
-            print(f"hlmtune validate: recipe {recipe}, named by the launch command in {args.config}'s header "
-                  "(name another: hlmtune validate <recipe> --config ...)", file=sys.stderr)
-    if recipe is None:
-        print(f"hlmtune validate: name the recipe for {args.config}: hlmtune validate <recipe> --config ... (recipes: {', '.join(RECIPES)})", file=sys.stderr)
         return 2
     try:
-        resolved = resolve_recipe(recipe)
-        if resolved.spec is None:
-            raise ValueError(f"{recipe} declares no RecipeSpec: nothing to validate its config against "
-                             "(pack recipes, their copies and subclasses, or a recipe class with SPEC = RecipeSpec(...))")
-        cfg = load_config(str(path), args.overrides)
-        env = env_problems(cfg)
-        if env:
-            raise PreLaunchError(env)
-        # Every problem in one pass: key / component problems, then (with --check-paths) paths.
-        problems: List[str] = []
-        try:
-            validate_config(cfg, resolved.spec)
-        except ConfigError as e:
-            problems += e.problems
-        if args.check_paths:
-            problems += [p for p in preflight(cfg) if p not in problems]
-        if problems:
-            raise PreLaunchError(problems)
-        n_params, unbuilt = None, None
-        if not args.no_model:
-            try:
-                n_params = build_model_on_meta(cfg.model, cfg.get("dtype", "bf16"))
-            except FileNotFoundError as e:
-                # A file the model's builder reads (the ECG models' token manifest, for the vocabulary
-                # size): paths are problems only with --check-paths; otherwise the config is still
-                # checked, and the user told what to make first.
-                if args.check_paths:
-                    raise PreLaunchError([str(e)]) from None
-                unbuilt = str(e)
+        resolved, cfg, n_params, unbuilt = _validate_checks(args, path, recipe)
     except (ConfigError, PreLaunchError) as e:
         for line in e.problems:
             print(f"hlmtune validate: {path}: {line}", file=sys.stderr)
@@ -500,6 +455,76 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         size = "; not built: a file it reads is missing" if unbuilt else ""
     print(f"OK: {path.name} is valid for {resolved.spec.name} (model {model}{size})")
     return 0
+
+
+def _validate_recipe_name(args: argparse.Namespace, path: Path) -> Optional[str]:
+    """The recipe to validate against (given, the config's, or its header's); None after saying why not.
+
+    Positionals may come in any order around ``--config``: the recipe is the one word that is
+    not a ``key=value`` / ``~key`` override (``args.recipe`` / ``args.overrides`` are rewritten so).
+    """
+    from hlmtune.registry import RECIPES, recipe_for_config, recipe_in_header
+
+    words = ([args.recipe] if args.recipe else []) + list(args.overrides)
+    names = [w for w in words if "=" not in w and not w.startswith("~")]
+    if len(names) > 1:
+        print(f"hlmtune validate: more than one recipe given: {names}", file=sys.stderr)
+        return None
+    args.recipe = names[0] if names else None
+    args.overrides = [w for w in words if w not in names]
+    recipe = args.recipe or recipe_for_config(args.config)
+    if recipe is None:
+        recipe = recipe_in_header(path)  # a copy under another name keeps its header's launch command
+        if recipe is not None:
+            print(f"hlmtune validate: recipe {recipe}, named by the launch command in {args.config}'s header "
+                  "(name another: hlmtune validate <recipe> --config ...)", file=sys.stderr)
+    if recipe is None:
+        print(f"hlmtune validate: name the recipe for {args.config}: hlmtune validate <recipe> --config ... (recipes: {', '.join(RECIPES)})", file=sys.stderr)
+    return recipe
+
+
+def _validate_checks(args: argparse.Namespace, path: Path, recipe: str) -> Tuple[Any, Any, Optional[int], Optional[str]]:
+    """(resolved recipe, config, parameters built on meta, why the model was not built).
+
+    Raises:
+        ConfigError, PreLaunchError: every key, component and (``--check-paths``) path problem in one pass.
+        ValueError: a recipe without a spec, unreadable YAML.
+    """
+    from hlmtune.compat import load_config
+    from hlmtune.launch import PreLaunchError
+    from hlmtune.preflight import env_problems, preflight
+    from hlmtune.registry import resolve_recipe
+    from hlmtune.training.schema import ConfigError, build_model_on_meta, validate_config
+
+    resolved = resolve_recipe(recipe)
+    if resolved.spec is None:
+        raise ValueError(f"{recipe} declares no RecipeSpec: nothing to validate its config against "
+                         "(pack recipes, their copies and subclasses, or a recipe class with SPEC = RecipeSpec(...))")
+    cfg = load_config(str(path), args.overrides)
+    env = env_problems(cfg)
+    if env:
+        raise PreLaunchError(env)
+    problems: List[str] = []
+    try:
+        validate_config(cfg, resolved.spec)
+    except ConfigError as e:
+        problems += e.problems
+    if args.check_paths:
+        problems += [p for p in preflight(cfg) if p not in problems]
+    if problems:
+        raise PreLaunchError(problems)
+    n_params, unbuilt = None, None
+    if not args.no_model:
+        try:
+            n_params = build_model_on_meta(cfg.model, cfg.get("dtype", "bf16"))
+        except FileNotFoundError as e:
+            # A file the model's builder reads (the ECG models' token manifest, for the vocabulary
+            # size): paths are problems only with --check-paths; otherwise the config is still
+            # checked, and the user told what to make first.
+            if args.check_paths:
+                raise PreLaunchError([str(e)]) from None
+            unbuilt = str(e)
+    return resolved, cfg, n_params, unbuilt
 
 
 # ---------------------------------------------------------------------------- demo

@@ -258,59 +258,8 @@ def parse_sqlite(path: str | os.PathLike) -> Dict[str, Dict[str, List[Dict[str, 
     path = Path(path)
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        except sqlite3.DatabaseError as e:  # a corrupt or foreign file: named, not a traceback
-            raise NsysFormatError(f"{path}: not an SQLite database ({e})") from None
-        if "StringIds" not in tables:
-            raise NsysFormatError(f"{path}: no StringIds table: not an nsys SQLite export")
-        if not any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
-            # What nsys stats itself answers ("does not contain CUDA trace data"): e.g. a run
-            # profiled without -t cuda, or on a machine without a GPU.
-            raise NsysFormatError(f"{path}: no CUDA trace data (no CUPTI_ACTIVITY_KIND_* table): "
-                                  "profile on a GPU with nsys profile -t cuda")
-        strings = dict(con.execute("SELECT id, value FROM StringIds"))
-
-        def cols(t: str) -> set:
-            return {r[1] for r in con.execute(f"PRAGMA table_info({t})")}
-
-        # per pid: kind -> name -> [seconds, calls, bytes]; first activity time per pid
-        agg: Dict[Optional[int], Dict[str, Dict[str, List[float]]]] = {}
-        first: Dict[Optional[int], int] = {}
-
-        def add(pid, kind, name, dur_ns, nbytes, start):
-            slot = agg.setdefault(pid, {}).setdefault(kind, {}).setdefault(name, [0.0, 0, None])
-            slot[0] += dur_ns * 1e-9
-            slot[1] += 1
-            if nbytes is not None:
-                slot[2] = (slot[2] or 0) + nbytes
-            first[pid] = min(first.get(pid, start), start)
-
-        t = "CUPTI_ACTIVITY_KIND_RUNTIME"
-        if t in tables:
-            tid = "globalTid" if "globalTid" in cols(t) else "NULL"
-            for start, end, name_id, g in con.execute(f"SELECT start, end, nameId, {tid} FROM {t}"):
-                add(_pid(g), "cuda_api_sum", strings.get(name_id, str(name_id)), end - start, None, start)
-        t = "CUPTI_ACTIVITY_KIND_KERNEL"
-        if t in tables:
-            c = cols(t)
-            name_col = "demangledName" if "demangledName" in c else "shortName"
-            gp = "globalPid" if "globalPid" in c else "NULL"
-            for start, end, name_id, g in con.execute(f"SELECT start, end, {name_col}, {gp} FROM {t}"):
-                add(_pid(g), "cuda_gpu_kern_sum", strings.get(name_id, str(name_id)), end - start, None, start)
-        t = "CUPTI_ACTIVITY_KIND_MEMCPY"
-        if t in tables:
-            gp = "globalPid" if "globalPid" in cols(t) else "NULL"
-            for start, end, nbytes, kind, g in con.execute(f"SELECT start, end, bytes, copyKind, {gp} FROM {t}"):
-                name = _COPY_KIND.get(int(kind), f"memcpy_kind{kind}")
-                add(_pid(g), "cuda_gpu_mem_time_sum", name, end - start, None, start)
-                add(_pid(g), "cuda_gpu_mem_size_sum", name, 0, nbytes, start)
-        t = "CUPTI_ACTIVITY_KIND_MEMSET"
-        if t in tables:
-            gp = "globalPid" if "globalPid" in cols(t) else "NULL"
-            for start, end, nbytes, g in con.execute(f"SELECT start, end, bytes, {gp} FROM {t}"):
-                add(_pid(g), "cuda_gpu_mem_time_sum", "memset", end - start, None, start)
-                add(_pid(g), "cuda_gpu_mem_size_sum", "memset", 0, nbytes, start)
+        tables = _trace_tables(con, path)
+        agg, first = _aggregate_activity(con, tables)
     finally:
         con.close()
     pids = sorted(agg, key=lambda p: first[p])
@@ -326,6 +275,68 @@ def parse_sqlite(path: str | os.PathLike) -> Dict[str, Dict[str, List[Dict[str, 
             ]
         out[rank] = body
     return out
+
+
+def _trace_tables(con: sqlite3.Connection, path: Path) -> set:
+    """The export's table names, after checking it is an nsys export with CUDA trace data."""
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as e:  # a corrupt or foreign file: named, not a traceback
+        raise NsysFormatError(f"{path}: not an SQLite database ({e})") from None
+    if "StringIds" not in tables:
+        raise NsysFormatError(f"{path}: no StringIds table: not an nsys SQLite export")
+    if not any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables):
+        # What nsys stats itself answers ("does not contain CUDA trace data"): e.g. a run
+        # profiled without -t cuda, or on a machine without a GPU.
+        raise NsysFormatError(f"{path}: no CUDA trace data (no CUPTI_ACTIVITY_KIND_* table): "
+                              "profile on a GPU with nsys profile -t cuda")
+    return tables
+
+
+def _aggregate_activity(con: sqlite3.Connection, tables: set) -> Tuple[Dict[Optional[int], Dict[str, Dict[str, List[float]]]], Dict[Optional[int], int]]:
+    """Per pid: report kind -> name -> [seconds, calls, bytes]; and each pid's first activity time (ns)."""
+    strings = dict(con.execute("SELECT id, value FROM StringIds"))
+
+    def cols(t: str) -> set:
+        return {r[1] for r in con.execute(f"PRAGMA table_info({t})")}
+
+    agg: Dict[Optional[int], Dict[str, Dict[str, List[float]]]] = {}
+    first: Dict[Optional[int], int] = {}
+
+    def add(pid, kind, name, dur_ns, nbytes, start):
+        slot = agg.setdefault(pid, {}).setdefault(kind, {}).setdefault(name, [0.0, 0, None])
+        slot[0] += dur_ns * 1e-9
+        slot[1] += 1
+        if nbytes is not None:
+            slot[2] = (slot[2] or 0) + nbytes
+        first[pid] = min(first.get(pid, start), start)
+
+    t = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if t in tables:
+        tid = "globalTid" if "globalTid" in cols(t) else "NULL"
+        for start, end, name_id, g in con.execute(f"SELECT start, end, nameId, {tid} FROM {t}"):
+            add(_pid(g), "cuda_api_sum", strings.get(name_id, str(name_id)), end - start, None, start)
+    t = "CUPTI_ACTIVITY_KIND_KERNEL"
+    if t in tables:
+        c = cols(t)
+        name_col = "demangledName" if "demangledName" in c else "shortName"
+        gp = "globalPid" if "globalPid" in c else "NULL"
+        for start, end, name_id, g in con.execute(f"SELECT start, end, {name_col}, {gp} FROM {t}"):
+            add(_pid(g), "cuda_gpu_kern_sum", strings.get(name_id, str(name_id)), end - start, None, start)
+    t = "CUPTI_ACTIVITY_KIND_MEMCPY"
+    if t in tables:
+        gp = "globalPid" if "globalPid" in cols(t) else "NULL"
+        for start, end, nbytes, kind, g in con.execute(f"SELECT start, end, bytes, copyKind, {gp} FROM {t}"):
+            name = _COPY_KIND.get(int(kind), f"memcpy_kind{kind}")
+            add(_pid(g), "cuda_gpu_mem_time_sum", name, end - start, None, start)
+            add(_pid(g), "cuda_gpu_mem_size_sum", name, 0, nbytes, start)
+    t = "CUPTI_ACTIVITY_KIND_MEMSET"
+    if t in tables:
+        gp = "globalPid" if "globalPid" in cols(t) else "NULL"
+        for start, end, nbytes, g in con.execute(f"SELECT start, end, bytes, {gp} FROM {t}"):
+            add(_pid(g), "cuda_gpu_mem_time_sum", "memset", end - start, None, start)
+            add(_pid(g), "cuda_gpu_mem_size_sum", "memset", 0, nbytes, start)
+    return agg, first
 
 
 # --------------------------------------------------------------------------- summary

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from hlmtune.profiling.analysis import collect
 from test_profiling_plots import _two_regimes

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from omegaconf import OmegaConf

@@ -359,25 +359,9 @@ class RecipeBase:
         """
         t0 = time.perf_counter()
         fsdp = data_parallel == "fsdp"
-        init_device = torch.device("meta") if (fsdp and base_sd is not None) else self._device
-        # torchtune seeds each rank with seed + rank; build the model from the config seed so
-        # every rank starts from the same initialisation (random init, LoRA adapters).
-        with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
-            torch.manual_seed(cfg.seed)
-            if self._device.type == "cuda":
-                torch.cuda.manual_seed(cfg.seed)
-            with training.set_default_dtype(self._dtype), init_device:
-                model = config.instantiate(cfg.model)
+        model = self._instantiate_model(cfg, meta=fsdp and base_sd is not None)
         model = self.prepare_model(model, cfg)
-        if gqa_pays(self._device, self._dtype):
-            use_gqa_attention(model)  # same math as torchtune's attention, no K/V head copies
-        use_addmm_lora(model)  # LoRA's scale and sum inside one GEMM
-        if not self._compile:
-            use_complex_rope(model)  # RoPE as one complex multiply
-            if self._device.type == "cpu":
-                use_blocked_causal_attention(model)  # CPU flash attention: skip the hidden half
-                if self._cpu_linear == "onednn":
-                    use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
+        self._use_fast_paths(model)
         if frozen:
             model.requires_grad_(False)
         else:
@@ -388,24 +372,7 @@ class RecipeBase:
             self._compile_layers(model, data_parallel)
         apply_activation_checkpointing(model, ac_layers)
         if fsdp:
-            training.shard_model(
-                model=model,
-                shard_conditions=[partial(training.get_shard_conditions, names_to_match=cfg.get("custom_sharded_layers", None))],
-                cpu_offload=cfg.get("fsdp_cpu_offload", False),
-                reshard_after_forward=cfg.get("fsdp_reshard_after_forward", True),
-            )
-            if base_sd is not None:
-                with training.set_default_dtype(self._dtype), self._device:
-                    for m in model.modules():  # adapters are not in the base checkpoint
-                        if hasattr(m, "initialize_parameters") and any(p.is_meta for p in m.parameters(recurse=False)):
-                            m.to_empty(device=self._device)
-                            m.initialize_parameters()
-                    self.init_buffers(model)  # the meta-built model's RoPE caches
-                full_sd = {**base_sd, **self.extra_init_state_dict(model)}
-                missing, unexpected = training.load_from_full_model_state_dict(
-                    model, full_sd, self._device, strict=False, cpu_offload=cfg.get("fsdp_cpu_offload", False)
-                )
-                self.check_loaded_keys(list(missing), list(unexpected))
+            self._shard_and_load(model, cfg, base_sd)
         else:
             if base_sd is not None:
                 missing, unexpected = model.load_state_dict({**base_sd, **self.extra_init_state_dict(model)}, strict=False)
@@ -433,6 +400,52 @@ class RecipeBase:
             )
         dist.barrier()
         return model, inner
+
+    def _instantiate_model(self, cfg: DictConfig, *, meta: bool) -> torch.nn.Module:
+        """``cfg.model`` built on the meta device (FSDP2 loading a checkpoint) or the run's device."""
+        init_device = torch.device("meta") if meta else self._device
+        # torchtune seeds each rank with seed + rank; build the model from the config seed so
+        # every rank starts from the same initialisation (random init, LoRA adapters).
+        with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
+            torch.manual_seed(cfg.seed)
+            if self._device.type == "cuda":
+                torch.cuda.manual_seed(cfg.seed)
+            with training.set_default_dtype(self._dtype), init_device:
+                return config.instantiate(cfg.model)
+
+    def _use_fast_paths(self, model: torch.nn.Module) -> None:
+        """Same math, less work (``hlmtune/training/fastpath.py``), each where it pays."""
+        if gqa_pays(self._device, self._dtype):
+            use_gqa_attention(model)  # same math as torchtune's attention, no K/V head copies
+        use_addmm_lora(model)  # LoRA's scale and sum inside one GEMM
+        if not self._compile:
+            use_complex_rope(model)  # RoPE as one complex multiply
+            if self._device.type == "cpu":
+                use_blocked_causal_attention(model)  # CPU flash attention: skip the hidden half
+                if self._cpu_linear == "onednn":
+                    use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
+
+    def _shard_and_load(self, model: torch.nn.Module, cfg: DictConfig, base_sd: Optional[Dict[str, Any]]) -> None:
+        """FSDP2: shard the (meta-built) model, then scatter the full state dict into the shards."""
+        training.shard_model(
+            model=model,
+            shard_conditions=[partial(training.get_shard_conditions, names_to_match=cfg.get("custom_sharded_layers", None))],
+            cpu_offload=cfg.get("fsdp_cpu_offload", False),
+            reshard_after_forward=cfg.get("fsdp_reshard_after_forward", True),
+        )
+        if base_sd is None:
+            return
+        with training.set_default_dtype(self._dtype), self._device:
+            for m in model.modules():  # adapters are not in the base checkpoint
+                if hasattr(m, "initialize_parameters") and any(p.is_meta for p in m.parameters(recurse=False)):
+                    m.to_empty(device=self._device)
+                    m.initialize_parameters()
+            self.init_buffers(model)  # the meta-built model's RoPE caches
+        full_sd = {**base_sd, **self.extra_init_state_dict(model)}
+        missing, unexpected = training.load_from_full_model_state_dict(
+            model, full_sd, self._device, strict=False, cpu_offload=cfg.get("fsdp_cpu_offload", False)
+        )
+        self.check_loaded_keys(list(missing), list(unexpected))
 
     def checkpointed_layers(self, cfg: DictConfig, model: torch.nn.Module, fsdp: bool) -> List[int]:
         """Layers to checkpoint: from the config, or measured (``enable_activation_checkpointing: auto``).
