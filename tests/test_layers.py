@@ -97,3 +97,16 @@ def test_no_module_imports_another_package_s_underscore_module(tmp_path):
         package = ".".join(rel.parts[:-1])
         bad += [f"{rel}.py:{line} imports {name}" for line, name in _private_imports(path, package)]
     assert not bad, bad
+
+
+def test_no_function_over_80_lines_without_a_reason(tmp_path):
+    # Issue 41's aim: stage-sized functions; a longer one says why in its docstring ("Over 80 lines: ...").
+    tree = _installed_layout(tmp_path)
+    long = []
+    for path in sorted((tree / "hlmtune").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80 and "Over 80 lines" not in (ast.get_docstring(node) or ""):
+                    long.append(f"{path.relative_to(tree)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
