@@ -1,8 +1,8 @@
 """The pack vs the recipes users would pick instead, side by side in one invocation.
 
 Frameworks, all on the same random-init Llama3 (written once in HF layout), the same token
-rows (fixed length, no padding), batch, sequence length, precision (fp32), threads and LoRA
-settings:
+rows (packed, fixed length, no padding), batch, sequence length, precision (fp32), threads and
+LoRA settings, at each thread count of --threads in one invocation (ratios per thread count):
   pack       hlmtune run --nproc_per_node 1 lora_finetune_distributed   (lora_dpo_distributed)
   torchtune  tune run lora_finetune_single_device, unmodified           (lora_dpo_single_device)
   trl        TRL SFTTrainer + PEFT LoRA                                  (DPOTrainer)
@@ -36,6 +36,7 @@ Usage:
   python benchmarks/peer_throughput.py --ecg
   python benchmarks/peer_throughput.py --pack-defaults --peer-defaults   # shipped defaults
   python benchmarks/peer_throughput.py --layers 8 --dim 512 --intermediate 1536 --seq-len 512 --steps 20
+  python benchmarks/peer_throughput.py --threads 1,2,all --all-labelled --vocab-size 8000   # issue 45's shape
 """
 
 from __future__ import annotations
@@ -124,11 +125,12 @@ def build_rows(args, work: Path, assets: Dict[str, object]) -> Path:
 
         tok = llama3_tokenizer(path=str(assets["tokenizer_path"]), special_tokens_path=str(assets["special_tokens_path"]),
                                max_seq_len=args.seq_len)
-        sft = sft_rows_from_text(tok, str(data_file), n, args.seq_len)
-        source = f"real alpaca rows ({data_file})"
+        sft = sft_rows_from_text(tok, str(data_file), n, args.seq_len, train_on_input=args.all_labelled)
+        source = (f"real alpaca rows ({data_file}), packed, "
+                  + ("every position labelled" if args.all_labelled else "prompt tokens unlabelled"))
     else:
         sft = synthetic_sft_rows(n, args.seq_len, 512, seed=0)  # BPE ids only, no special tokens
-        source = "synthetic uniform tokens"
+        source = "synthetic uniform tokens, every position labelled"
     rows = dpo_rows_from_sft(sft, args.seq_len // 4) if args.recipe == "dpo" else {k: v[:-1] for k, v in sft.items()}
     print(f"data: {source}", flush=True)
     return write_rows(work / "rows.npz", rows)
@@ -227,7 +229,7 @@ def shipped_defaults(args) -> tuple:
     return pack, tt
 
 
-def main() -> None:
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="lora", help="lora (default), qlora or dpo")
     ap.add_argument("--ecg", action="store_true", help="pack vs torchtune single-device on configs/ecg_lora.yaml (HLM-1M)")
@@ -241,13 +243,22 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
     ap.add_argument("--dim", type=int, default=256, help="model width, multiple of 64 (default 256)")
     ap.add_argument("--intermediate", type=int, default=None, help="MLP width (default 3 x dim)")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="model vocabulary (embedding and output rows; default: the tiny tokenizer's 768 ids). "
+                         "Larger pads the vocabulary: the output layer and loss do that vocabulary's work, the "
+                         "rows keep the tokenizer's ids (e.g. 8000 for an 8k-token BPE model's cost)")
+    ap.add_argument("--all-labelled", action="store_true",
+                    help="every position of the packed alpaca rows is a target (train_on_input); default: prompt "
+                         "tokens unlabelled, as the shipped configs train")
     ap.add_argument("--batch-size", type=int, default=4, help="rows per step (default 4)")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
     ap.add_argument("--lora-rank", type=int, default=8, help="LoRA rank on q_proj and v_proj; alpha = 2 x rank (default 8)")
     ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="OMP_NUM_THREADS of every run (default 1: on a shared 2-core host, 2 OpenMP threads "
-                         "wait on each other whenever another process holds a core, which swamps the comparison)")
+    ap.add_argument("--threads", default="all", type=_thread_counts,
+                    help="intra-op threads of every run (OMP_NUM_THREADS), a comma-separated list measured in one "
+                         "invocation, 'all' = the host's cores (default: all). e.g. --threads 1,2,all; the ratios are "
+                         "printed per thread count. Wall time counts only on an idle host: CPU time stays the work "
+                         "done at 1 thread, not at more")
     ap.add_argument("--loss-rtol", type=float, default=1e-4, help="first-step loss tolerance, relative (default 1e-4)")
     ap.add_argument("--pack-set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for the pack only (repeatable), e.g. compile=True")
@@ -262,19 +273,32 @@ def main() -> None:
     ap.add_argument("--ecg-records", type=int, default=4, help="--ecg: records to tokenize, the last one held out as DS2 (default 4)")
     ap.add_argument("--ecg-seconds", type=int, default=120, help="--ecg: seconds per record (default 120)")
     ap.add_argument("--work", default=None, help="scratch folder (default: a new temp dir)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.warmup >= args.steps:
         ap.error(f"--warmup {args.warmup} must be < --steps {args.steps}")
-    wanted = [f.strip() for f in args.frameworks.split(",") if f.strip()]
-    bad = [f for f in wanted if f not in ("pack", "torchtune", "trl")]
+    args.wanted = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    bad = [f for f in args.wanted if f not in ("pack", "torchtune", "trl")]
     if bad:
         ap.error(f"--frameworks: unknown {bad}; choose from pack, torchtune, trl")
+    return args
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="hlm_peers_"))
-    work.mkdir(parents=True, exist_ok=True)
-    # benchmarks/ on the path: the pack's ranks import the peers' row dataset (peers.py) from here
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
-               TOKENIZERS_PARALLELISM="false")
+
+def _thread_counts(text: str) -> List[int]:
+    """``"1,2,all"`` -> ``[1, 2, <cores>]`` (sorted, each once)."""
+    cores = os.cpu_count() or 1
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        n = cores if part == "all" else int(part) if part.isdigit() else 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: thread counts are positive integers or 'all'")
+        out.append(n)
+    return sorted(set(out))
+
+
+def setup_runs(args, work: Path) -> tuple:
+    """(commands by framework, tokens per step or None, the setup's one-line description)."""
+    wanted = list(args.wanted)
     pack_recipe, tt_recipe, trl_kind, _ = RECIPES[args.recipe]
     runs: Dict[str, List[str]] = {}
     trl_cmd: Optional[List[str]] = None
@@ -283,7 +307,7 @@ def main() -> None:
         overrides = ecg_setup(args, work)
         cfg_path = str(ROOT / "configs" / "ecg_lora.yaml")
         tps = None  # from the collector rows (examples vary in length)
-        what = f"HLM-1M (configs/ecg_lora.yaml), batch {args.batch_size_ecg}, fp32, {args.threads} threads"
+        what = f"HLM-1M (configs/ecg_lora.yaml), batch {args.batch_size_ecg}, fp32"
         wanted = [f for f in wanted if f != "trl"]
         print("trl: not run with --ecg (the HLM is a torchtune model with its own tokenizer; the issue compares "
               "pack vs torchtune here)", flush=True)
@@ -292,7 +316,7 @@ def main() -> None:
 
         inter = args.intermediate or 3 * args.dim
         assets = write_tiny_assets(work / "model", embed_dim=args.dim, num_layers=args.layers, intermediate_dim=inter,
-                                   max_seq_len=args.seq_len)
+                                   max_seq_len=args.seq_len, vocab_size=args.vocab_size)
         rows = build_rows(args, work, assets)
         cfg_path = str(write_config(args, work, assets, rows))
         overrides = []
@@ -303,8 +327,11 @@ def main() -> None:
                                                   num_heads=assets["num_heads"], num_kv_heads=assets["num_kv_heads"],
                                                   embed_dim=args.dim, max_seq_len=args.seq_len,
                                                   intermediate_dim=inter).parameters())
-        what = (f"Llama3 {args.layers} layers x {args.dim} ({n_params / 1e6:.1f}M params), {args.recipe}, "
-                f"LoRA r{args.lora_rank} q/v, batch {args.batch_size} x {args.seq_len}, fp32, {args.threads} threads")
+        vocab = (f"vocabulary {assets['vocab_size']}" + (f" (padded; tokenizer ids {assets['tokenizer_vocab_size']})"
+                                                         if assets["vocab_size"] != assets["tokenizer_vocab_size"] else ""))
+        what = (f"Llama3 {args.layers} layers x {args.dim} ({n_params / 1e6:.1f}M params, {vocab}), {args.recipe}, "
+                f"LoRA r{args.lora_rank} q/v, batch {args.batch_size} x {args.seq_len}, "
+                f"{tps:.0f} target tokens/step, fp32")
         if "trl" in wanted:
             why = TRL_ABSENT_WHY.get(args.recipe) or trl_available()
             if why:
@@ -325,44 +352,54 @@ def main() -> None:
         runs["torchtune"] = [TUNE, "run", tt_recipe, "--config", cfg_path, *overrides, *tt_knobs]
     if trl_cmd is not None:
         runs["trl"] = trl_cmd
-    print(f"setup: {what}; {args.steps} steps, first {args.warmup} untimed, {args.repeats} interleaved repeats"
-          + (f"; pack overrides: {' '.join(args.pack_set)}" if args.pack_set else "")
-          + ("; peers at their shipped defaults (TRL: activation checkpointing; torchtune: "
-             + (" ".join(tt_knobs) or "none") + ")" if args.peer_defaults else "")
-          + ("; pack at its shipped defaults (" + (" ".join(pack_knobs) or "none") + ")" if args.pack_defaults else ""),
-          flush=True)
-    print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at start; work dir {work}", flush=True)
+    what += (f"; {args.steps} steps, first {args.warmup} untimed, {args.repeats} interleaved repeats"
+             + (f"; pack overrides: {' '.join(args.pack_set)}" if args.pack_set else "")
+             + ("; peers at their shipped defaults (TRL: activation checkpointing; torchtune: "
+                + (" ".join(tt_knobs) or "none") + ")" if args.peer_defaults else "")
+             + ("; pack at its shipped defaults (" + (" ".join(pack_knobs) or "none") + ")" if args.pack_defaults else ""))
+    return runs, tps, what
 
+
+def measure(runs: Dict[str, List[str]], args, work: Path, threads: int, tps: Optional[float]) -> tuple:
+    """Interleaved repeats of every framework at ``threads`` intra-op threads: (results by framework, tokens/step)."""
     from peers import peak_rss_gib_of
 
+    # benchmarks/ on the path: the pack's ranks import the peers' row dataset (peers.py) from here
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
+               TOKENIZERS_PARALLELISM="false")
     names = list(runs)
     results: Dict[str, List[Dict[str, float]]] = {n: [] for n in names}
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
-            out = work / f"{name}_rep{rep}"
+            tag = f"{name}_t{threads}_rep{rep}"
+            out = work / tag
             if name == "trl":
                 cmd, steps_file = runs[name] + ["--out", str(out / "steps.jsonl")], out / "steps.jsonl"
                 out.mkdir(parents=True, exist_ok=True)
             else:
                 cmd, steps_file = runs[name] + [f"output_dir={out}"], out / "metrics" / "steps.jsonl"
-            res = peak_rss_gib_of(cmd, env, log_path=work / f"{name}_rep{rep}.log")
+            res = peak_rss_gib_of(cmd, env, log_path=work / f"{tag}.log")
             if res["returncode"] != 0:
-                tail = (work / f"{name}_rep{rep}.log").read_text(errors="replace")[-3000:]
+                tail = (work / f"{tag}.log").read_text(errors="replace")[-3000:]
                 sys.exit(f"FAILED ({name}, exit {res['returncode']}): {' '.join(cmd)}\n{tail}")
             steps = read_steps(steps_file)
             if tps is None:  # ECG: examples vary in length; the first run's own count (the pack's) for all
                 tps = _collector_tokens(steps_file, args.warmup)
             s = summarize(steps, args.warmup, tps, max(res["peak_rss_gib"], _collector_peak_rss(steps_file)))
             results[name].append(s)
-            print(f"  repeat {rep + 1}/{args.repeats} {name:<10} median {s['median_s']:.3f} s/step "
+            print(f"  {threads} thread(s), repeat {rep + 1}/{args.repeats} {name:<10} median {s['median_s']:.3f} s/step "
                   f"({s['cpu_median_s']:.3f} CPU s)  "
                   f"{s['tok_s']:8.1f} tok/s  RSS {s['rss']:.2f} GiB  first-step loss {s['loss1']:.6f}", flush=True)
+    return results, tps
 
-    print(f"\nload: {os.getloadavg()[0]:.2f} (1-min average) at end")
+
+def report(results: Dict[str, List[Dict[str, float]]], args, what: str, threads: int) -> tuple:
+    """Print one thread count's table, loss checks and pack / peer ratios; returns (medians, losses agree)."""
+    names = list(results)
     keys = ("median_s", "tok_s", "cpu_median_s", "tok_cpu_s", "rss")
     med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in results.items()}
-    print(f"\n{what}")
+    print(f"\n{what}; {threads} thread(s)")
     print(f"{'framework':<11} {'tok/s':>9} {'median s/step':>14} {'tok/CPU-s':>10} {'CPU s/step':>11} "
           f"{'peak RSS GiB':>13} {'first-step loss':>16}")
     for n in names:
@@ -402,6 +439,43 @@ def main() -> None:
             print(f"pack vs faster peer: {med['pack']['tok_s'] / med[fastest]['tok_s']:.3f}x wall ({fastest}), "
                   f"{med['pack']['tok_cpu_s'] / med[fastest_cpu]['tok_cpu_s']:.3f}x CPU time ({fastest_cpu})   "
                   f"pack RSS vs smaller peer ({smallest}): {med['pack']['rss'] / med[smallest]['rss']:.3f}x")
+    return med, ok
+
+
+def thread_table(meds: Dict[int, Dict[str, Dict[str, float]]]) -> List[str]:
+    """Lines of the per-thread-count summary: wall tokens/s of each framework, pack / peer, scaling."""
+    names = list(next(iter(meds.values())))
+    counts = sorted(meds)
+    lines = ["", "wall-time tokens/s (median repeat) by intra-op threads:",
+             f"{'threads':>7} " + " ".join(f"{n:>10}" for n in names)
+             + "".join(f" {'pack/' + n:>16}" for n in names if n != "pack" and "pack" in names)]
+    for t in counts:
+        row = f"{t:>7} " + " ".join(f"{meds[t][n]['tok_s']:>10.1f}" for n in names)
+        if "pack" in names:
+            row += "".join(f" {meds[t]['pack']['tok_s'] / meds[t][n]['tok_s']:>15.3f}x" for n in names if n != "pack")
+        lines.append(row)
+    if len(counts) > 1:
+        lo, hi = counts[0], counts[-1]
+        lines.append(f"scaling {hi} / {lo} thread(s): " + ", ".join(
+            f"{n} {meds[hi][n]['tok_s'] / meds[lo][n]['tok_s']:.2f}x" for n in names))
+    return lines
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
+    work = Path(args.work or tempfile.mkdtemp(prefix="hlm_peers_"))
+    work.mkdir(parents=True, exist_ok=True)
+    runs, tps, what = setup_runs(args, work)
+    print(f"setup: {what}; thread counts {args.threads} (host: {os.cpu_count()} cores)", flush=True)
+    print(f"load: {os.getloadavg()[0]:.2f} (1-min average) at start; work dir {work}", flush=True)
+    meds: Dict[int, Dict[str, Dict[str, float]]] = {}
+    ok = True
+    for threads in args.threads:
+        results, tps = measure(runs, args, work, threads, tps)
+        meds[threads], agree = report(results, args, what, threads)
+        ok &= agree
+    print(f"\nload: {os.getloadavg()[0]:.2f} (1-min average) at end")
+    print("\n".join(thread_table(meds)))
     if not ok:
         sys.exit("first-step losses differ: the frameworks did not train the same model on the same tokens")
 

@@ -176,15 +176,18 @@ def token_rows_dataset(tokenizer: Any, path: str, packed: bool = False) -> Token
     return TokenRows(path)
 
 
-def sft_rows_from_text(tokenizer: Any, data_file: str, n_rows: int, seq_len: int) -> Dict[str, np.ndarray]:
+def sft_rows_from_text(tokenizer: Any, data_file: str, n_rows: int, seq_len: int, *,
+                       train_on_input: bool = False) -> Dict[str, np.ndarray]:
     """Real instruction rows: alpaca samples tokenized with the model's tokenizer, concatenated
-    and cut into ``n_rows`` windows of ``seq_len`` tokens (prompt tokens keep label -100).
+    (packed) and cut into ``n_rows`` windows of ``seq_len`` tokens (prompt tokens keep label
+    -100 unless ``train_on_input``: then every position is a target).
 
     Args:
         tokenizer (Any): a torchtune tokenizer (``llama3_tokenizer``).
         data_file (str): alpaca-format JSONL (``instruction``, ``input``, ``output``).
         n_rows (int): rows wanted.
         seq_len (int): tokens per row.
+        train_on_input (bool): label the prompt tokens too.
 
     Returns:
         Dict[str, np.ndarray]: ``tokens``, ``labels`` (n_rows, seq_len).
@@ -194,7 +197,7 @@ def sft_rows_from_text(tokenizer: Any, data_file: str, n_rows: int, seq_len: int
     """
     from torchtune.datasets import alpaca_dataset
 
-    ds = alpaca_dataset(tokenizer, source="json", data_files=data_file, split="train", train_on_input=False)
+    ds = alpaca_dataset(tokenizer, source="json", data_files=data_file, split="train", train_on_input=train_on_input)
     need = n_rows * seq_len
     toks: List[int] = []
     labs: List[int] = []
@@ -206,10 +209,10 @@ def sft_rows_from_text(tokenizer: Any, data_file: str, n_rows: int, seq_len: int
             break
     if len(toks) < need:
         raise ValueError(f"{data_file}: {len(toks)} tokens, need {need} ({n_rows} rows x {seq_len})")
-    return {
-        "tokens": np.asarray(toks[:need], dtype=np.int64).reshape(n_rows, seq_len),
-        "labels": np.asarray(labs[:need], dtype=np.int64).reshape(n_rows, seq_len),
-    }
+    tokens = np.asarray(toks[:need], dtype=np.int64).reshape(n_rows, seq_len)
+    # train_on_input: every position a target (torchtune still masks each example's BOS).
+    labels = tokens.copy() if train_on_input else np.asarray(labs[:need], dtype=np.int64).reshape(n_rows, seq_len)
+    return {"tokens": tokens, "labels": labels}
 
 
 def synthetic_sft_rows(n_rows: int, seq_len: int, vocab_size: int, seed: int = 0) -> Dict[str, np.ndarray]:

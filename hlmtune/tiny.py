@@ -190,7 +190,8 @@ def write_tiny_llama3_checkpoint(
 
 
 def write_tiny_assets(out_dir: str | os.PathLike, *, embed_dim: int = 256, num_layers: int = 2,
-                      intermediate_dim: Optional[int] = None, max_seq_len: int = 512) -> Dict[str, object]:
+                      intermediate_dim: Optional[int] = None, max_seq_len: int = 512,
+                      vocab_size: Optional[int] = None) -> Dict[str, object]:
     """Write tokenizer and checkpoint in the layout of ``tune download`` for Llama3-8B-Instruct.
 
     ``<out>/original/tokenizer.model`` (+ ``tokenizer.json`` for the special tokens) and the
@@ -202,19 +203,29 @@ def write_tiny_assets(out_dir: str | os.PathLike, *, embed_dim: int = 256, num_l
         num_layers (int): transformer layers.
         intermediate_dim (Optional[int]): MLP width; ``2 * embed_dim`` when None.
         max_seq_len (int): maximum sequence length.
+        vocab_size (Optional[int]): rows of the embedding and output layers (None: the
+            tokenizer's ids). A larger value pads the vocabulary: the model does the work of
+            that vocabulary (the output projection and the loss over every id) while the
+            tokenizer emits only its own ids.
 
     Returns:
         Dict[str, object]: ``model_dir``, ``tokenizer_path``, ``special_tokens_path``,
-        ``vocab_size`` and the architecture sizes.
+        ``vocab_size`` (the model's), ``tokenizer_vocab_size`` and the architecture sizes.
+
+    Raises:
+        ValueError: ``vocab_size`` smaller than the tokenizer's ids.
     """
     out = Path(out_dir)
     tok = write_tiny_tokenizer(out / "original")
+    if vocab_size is not None and vocab_size < int(tok["vocab_size"]):
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {tok['vocab_size']} ids")
+    model_vocab = int(vocab_size or tok["vocab_size"])
     inter = intermediate_dim or 2 * embed_dim
     num_heads = max(1, embed_dim // 64)
     num_kv_heads = max(1, num_heads // 2)
     write_tiny_llama3_checkpoint(
         out,
-        vocab_size=int(tok["vocab_size"]),
+        vocab_size=model_vocab,
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
@@ -226,7 +237,8 @@ def write_tiny_assets(out_dir: str | os.PathLike, *, embed_dim: int = 256, num_l
         "model_dir": str(out),
         "tokenizer_path": tok["path"],
         "special_tokens_path": tok["special_tokens_path"],
-        "vocab_size": int(tok["vocab_size"]),
+        "vocab_size": model_vocab,
+        "tokenizer_vocab_size": int(tok["vocab_size"]),
         "num_layers": num_layers,
         "num_heads": num_heads,
         "num_kv_heads": num_kv_heads,

@@ -56,3 +56,30 @@ def test_peer_benchmark_rejects_bad_flags(tmp_path):
     assert proc.returncode == 2 and "unknown ['tt']" in proc.stderr
     proc = _run(["--steps", "2", "--warmup", "2"], tmp_path)
     assert proc.returncode == 2 and "--warmup 2 must be < --steps 2" in proc.stderr
+
+
+@pytest.mark.slow
+def test_thread_counts_vocabulary_and_labels_in_one_run(tmp_path):
+    # Issue 45's options: several thread counts in one invocation, a padded vocabulary, fully labelled rows.
+    proc = _run(["--layers", "1", "--dim", "128", "--seq-len", "32", "--batch-size", "2", "--steps", "3",
+                 "--warmup", "1", "--repeats", "1", "--frameworks", "pack,torchtune", "--threads", "1,2",
+                 "--vocab-size", "2048", "--all-labelled"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "vocabulary 2048 (padded; tokenizer ids 768)" in out
+    assert re.search(r"thread counts \[1, 2\]", out)
+    for t in (1, 2):
+        assert f"; {t} thread(s)\n" in out and re.search(rf"first-step loss torchtune vs pack: .* identical", out)
+    table = out.split("wall-time tokens/s (median repeat) by intra-op threads:", 1)[1].splitlines()
+    assert re.match(r"\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+x", table[2]) and re.match(r"\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+x", table[3])
+    assert re.search(r"scaling 2 / 1 thread\(s\): pack [\d.]+x, torchtune [\d.]+x", out)
+    import numpy as np
+
+    rows = np.load(tmp_path / "work" / "rows.npz")
+    if os.environ.get("HLM_DATA"):  # real alpaca rows: every position a target
+        assert (rows["labels"] != -100).all()
+
+
+def test_thread_counts_parse(tmp_path):
+    proc = _run(["--threads", "0"], tmp_path)
+    assert proc.returncode == 2 and "thread counts are positive integers or 'all'" in proc.stderr
