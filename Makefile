@@ -11,7 +11,7 @@ export HLM_DATA
 HLM_SLURM_TOOL ?= $(wildcard $(abspath ../shared/tools/local_slurm.sh))
 export HLM_SLURM_TOOL
 
-.PHONY: install test demo scaling-demo bench clean
+.PHONY: install test demo scaling-demo gpu-check bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: $(STAMP)
 # The main job: the Heart Language Model end to end (MIT-BIH from HLM_DATA, else downloaded, else synthetic).
 demo: $(STAMP)
 	$(VENV)/bin/hlmtune demo --out outputs/demo
+
+# Every CUDA path for a few steps (needs a GPU; no downloads): gpu_check/report.md.
+gpu-check: $(STAMP)
+	$(VENV)/bin/hlmtune gpu-check --out gpu_check
 
 scaling-demo: $(STAMP)
 	$(VENV)/bin/hlmtune scaling-demo --out outputs/scaling-demo

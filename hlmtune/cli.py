@@ -20,6 +20,7 @@ _SUBCOMMAND_MODULES = (
     "hlmtune.hlm.cli",  # eval, the Heart Language Model's main job (demo)
     "hlmtune.profiling.cli",  # collect, profile
     "hlmtune.sweep.cli",  # sweep
+    "hlmtune.gpu_check",  # gpu-check
 )
 
 

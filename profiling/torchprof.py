@@ -13,7 +13,9 @@ process without ``RANK``, e.g. the torchrun launcher). The parent then merges th
 - ``data``: torch's DataLoader ``__next__`` events (share of wall time);
 - ``collective``: gloo / c10d collectives (``gloo:all_reduce``, ``c10d::allreduce_`` ...;
   share of wall time);
-- ``cpu_op``: top operators by self CPU time (share of the total self CPU time).
+- ``cpu_op``: top operators by self CPU time (share of the total self CPU time);
+- ``gpu_kernel`` (CUDA processes: CUDA activity is recorded too): top kernels by device time
+  (share of all kernels' device time), and ``all_kernels`` in the headline (share of wall time).
 """
 
 from __future__ import annotations
@@ -105,7 +107,33 @@ def summarize_events(key_averages: Any, *, wall_s: float, top: int = 15) -> Dict
     ops = sorted((e for e in events if e[0].startswith("aten::") or "::" in e[0]), key=lambda e: -e[3])[:top]
     for k, c, _inc, slf in ops:
         rows.append(row("cpu_op", k, slf, c, self_total))
-    return {"totals": {"wall": wall_s, "cpu_op": self_total}, "headline": headline, "rows": rows}
+    kernels = gpu_kernels(key_averages)
+    kernel_total = sum(s for _, _, s in kernels)
+    for k, c, s in sorted(kernels, key=lambda e: -e[2])[:top]:
+        rows.append(row("gpu_kernel", k, s, c, kernel_total))
+    totals = {"wall": wall_s, "cpu_op": self_total}
+    if kernels:
+        totals["gpu_kernel"] = kernel_total
+        headline.append(row("gpu_kernel", "all_kernels", kernel_total, sum(c for _, c, _ in kernels), wall_s))
+    return {"totals": totals, "headline": headline, "rows": rows}
+
+
+def gpu_kernels(key_averages: Any) -> List[tuple]:
+    """``(kernel name, launches, device seconds)`` of the CUDA kernels the profile recorded.
+
+    With CUDA activity on, ``key_averages()`` holds the kernels themselves as entries whose
+    ``device_type`` is CUDA (``self_device_time_total`` in us; ``self_cuda_time_total`` before
+    torch 2.4). A profile without CUDA activity has none.
+    """
+    out = []
+    for e in key_averages:
+        device = str(getattr(e, "device_type", ""))
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if device.endswith("CUDA") and t:
+            out.append((e.key, int(e.count), t * 1e-6))
+    return out
 
 
 class _Session:
@@ -115,7 +143,10 @@ class _Session:
         self.out, self.window_s, self.top = out, window_s, top
         self.done = False
         self.hook = None
-        self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():  # kernels and their device time (the gpu_kernel rows)
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(activities=activities)
         self.prof.start()
         self.t0 = time.perf_counter()
         if window_s:

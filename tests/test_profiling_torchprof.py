@@ -44,6 +44,29 @@ def test_summarize_events_categories_and_shares() -> None:
     assert [r["name"] for r in ops][0] == "aten::mm"  # sorted by self time
 
 
+@dataclass
+class _CudaEv(_Ev):
+    device_type: str = "DeviceType.CPU"
+    self_device_time_total: float = 0.0  # us
+
+
+def test_cuda_kernels_become_gpu_kernel_rows() -> None:
+    evs = [
+        _CudaEv("aten::mm", 40, 250_000, 250_000, "DeviceType.CPU", 900_000),  # a CPU op: its launches' time
+        _CudaEv("ampere_sgemm_128x64_nn", 40, 0, 0, "DeviceType.CUDA", 600_000),
+        _CudaEv("vectorized_elementwise_kernel", 80, 0, 0, "DeviceType.CUDA", 200_000),
+    ]
+    body = summarize_events(evs, wall_s=2.0, top=5)
+    kern = [r for r in body["rows"] if r["category"] == "gpu_kernel"]
+    assert [r["name"] for r in kern] == ["ampere_sgemm_128x64_nn", "vectorized_elementwise_kernel"]
+    assert kern[0]["seconds"] == pytest.approx(0.6) and kern[0]["share"] == pytest.approx(0.75) and kern[0]["calls"] == 40
+    assert body["totals"]["gpu_kernel"] == pytest.approx(0.8)
+    head = {r["name"]: r for r in body["headline"]}
+    assert head["all_kernels"]["share"] == pytest.approx(0.4) and head["all_kernels"]["calls"] == 120
+    # a CPU-only profile (no CUDA entries) has no kernel rows
+    assert not [r for r in summarize_events(evs[:1], wall_s=2.0)["rows"] if r["category"] == "gpu_kernel"]
+
+
 def test_collective_names() -> None:
     assert collective_name("gloo:all_reduce") == "all_reduce"
     assert collective_name("c10d::allgather_") == "all_gather"
