@@ -18,7 +18,10 @@ synthetic files otherwise, no downloads. Checks, each a subprocess with its own 
    (CUDA kernel rows in the summary);
 5. ``bnb/paged-adamw8bit``: LoRA with bitsandbytes' ``PagedAdamW8bit``;
 6. ``torchtune/ecg_lora``: torchtune's own ``lora_finetune_distributed`` with
-   ``configs/ecg_lora.yaml`` at world size 1 (the design's usage line).
+   ``configs/ecg_lora.yaml`` at world size 1 (the design's usage line);
+7. ``bench/llama3_8b_lora_fp32``: ``benchmarks/llama3_8b_step.py`` at the papers' settings (random
+   Llama3-8B, LoRA, batch 2, fp32), the pack beside torchtune's recipe, when the device has the
+   memory and the command runs from a checkout.
 
 ``gpu_check/report.md`` and ``report.json`` hold the device, driver / CUDA / torch / torchao /
 bitsandbytes versions and one row per check (pass / fail / skipped, why, seconds, peak memory),
@@ -83,6 +86,8 @@ class Check:
         limit_s (float): time limit; the process group is killed past it.
         needs (Optional[str]): an executable on PATH, else the check is skipped.
         after (Tuple[str, ...]): checks that must have passed first (else skipped, naming them).
+        env (Dict[str, str]): environment variables added for the command.
+        skip (Optional[str]): why the check cannot run here (known when it is built).
     """
 
     name: str
@@ -94,6 +99,7 @@ class Check:
     needs: Optional[str] = None
     after: Tuple[str, ...] = ()
     env: Dict[str, str] = field(default_factory=dict)
+    skip: Optional[str] = None  # known before running: why this check cannot run here
 
 
 # ------------------------------------------------------------------ report
@@ -182,6 +188,9 @@ def run_checks(checks: Sequence[Check], out: Path, info: Dict[str, Any]) -> List
 def _row_of(check: Check, status: Dict[str, str], out: Path) -> Dict[str, Any]:
     row: Dict[str, Any] = {"name": check.name, "status": "skipped", "why": "", "seconds": None, "extra": {},
                            "command": check.argv, "log": str(out / "logs" / f"{_slug(check.name)}.log")}
+    if check.skip:
+        row["why"] = check.skip
+        return row
     missing = [a for a in check.after if status.get(a) != "pass"]
     if missing:
         row["why"] = f"needs {', '.join(missing)} to pass first"
@@ -461,7 +470,36 @@ def build_checks(inputs: Inputs, out: Path, device_total_gib: Optional[float]) -
                                                "lora_finetune_distributed", "--config", str(_config_file("ecg_lora")),
                                                *tt_over],
                         run_dir=tt_dir, judge=judge_training(True), after=("recipe/ecg_pretrain/bf16",), limit_s=150))
+    checks.append(_llama3_8b_check(out, device_total_gib))
     return checks
+
+
+LLAMA3_8B_GIB = 80  # LoRA fp32 at batch 2: 32 GB of weights + activations and the 128,256-wide logits
+
+
+def _llama3_8b_check(out: Path, device_total_gib: Optional[float]) -> Check:
+    """benchmarks/llama3_8b_step.py, LoRA fp32 at the papers' settings, pack beside torchtune (a checkout only)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "llama3_8b_step.py"
+    work = out / "llama3_8b"
+    argv = [sys.executable, str(script), "--methods", "lora", "--dtypes", "fp32", "--ac", "off", "--steps", "6",
+            "--warmup", "2", "--limit-s", "200", "--work", str(work)]
+    skip = None
+    if not script.exists():
+        skip = "benchmarks/ is not installed with the package: run from a checkout"
+    elif device_total_gib is not None and device_total_gib < LLAMA3_8B_GIB:
+        skip = f"the device has {device_total_gib:.0f} GiB; Llama3-8B LoRA fp32 needs about {LLAMA3_8B_GIB}"
+
+    def judge(_check: Check) -> Tuple[str, str, Dict[str, Any]]:
+        res = json.loads((work / "results.json").read_text())
+        by = {r["framework"]: r for r in res["results"]}
+        extra = {f"{fw}_s_per_it": r.get("s_per_it") for fw, r in by.items()}
+        extra.update({f"{fw}_peak_alloc_gib": r.get("peak_alloc_gib") for fw, r in by.items()})
+        bad = {fw: r["status"] for fw, r in by.items() if r["status"] != "ok"}
+        if bad:
+            return "fail", f"runs did not finish: {bad}", extra
+        return "pass", f"pack {by['pack']['s_per_it']:.3f} s/it, torchtune {by['torchtune']['s_per_it']:.3f} s/it (papers 0.77)", extra
+
+    return Check("bench/llama3_8b_lora_fp32", argv, judge=judge, limit_s=480, skip=skip)
 
 
 def _profile_checks(inputs: Inputs, out: Path, tiny: List[str]) -> List[Check]:

@@ -191,7 +191,8 @@ def write_tiny_llama3_checkpoint(
 
 def write_tiny_assets(out_dir: str | os.PathLike, *, embed_dim: int = 256, num_layers: int = 2,
                       intermediate_dim: Optional[int] = None, max_seq_len: int = 512,
-                      vocab_size: Optional[int] = None) -> Dict[str, object]:
+                      vocab_size: Optional[int] = None, num_heads: Optional[int] = None,
+                      num_kv_heads: Optional[int] = None) -> Dict[str, object]:
     """Write tokenizer and checkpoint in the layout of ``tune download`` for Llama3-8B-Instruct.
 
     ``<out>/original/tokenizer.model`` (+ ``tokenizer.json`` for the special tokens) and the
@@ -207,6 +208,8 @@ def write_tiny_assets(out_dir: str | os.PathLike, *, embed_dim: int = 256, num_l
             tokenizer's ids). A larger value pads the vocabulary: the model does the work of
             that vocabulary (the output projection and the loss over every id) while the
             tokenizer emits only its own ids.
+        num_heads (Optional[int]): attention heads (None: ``embed_dim // 64``).
+        num_kv_heads (Optional[int]): key/value heads (None: half the heads).
 
     Returns:
         Dict[str, object]: ``model_dir``, ``tokenizer_path``, ``special_tokens_path``,
@@ -221,8 +224,8 @@ def write_tiny_assets(out_dir: str | os.PathLike, *, embed_dim: int = 256, num_l
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {tok['vocab_size']} ids")
     model_vocab = int(vocab_size or tok["vocab_size"])
     inter = intermediate_dim or 2 * embed_dim
-    num_heads = max(1, embed_dim // 64)
-    num_kv_heads = max(1, num_heads // 2)
+    num_heads = num_heads or max(1, embed_dim // 64)
+    num_kv_heads = num_kv_heads or max(1, num_heads // 2)
     write_tiny_llama3_checkpoint(
         out,
         vocab_size=model_vocab,
