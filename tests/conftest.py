@@ -42,6 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not os.environ.get("HLM_CACHE_DIR"):
         os.environ["HLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="hlmtune-test-cache-")
+    if not os.environ.get("HLM_ONEDNN_LINEAR"):
+        # A borderline probe is kept by no one (each run measures again and may decide apart):
+        # the session then multiplies with MKL throughout, as such a run does.
+        from hlmtune.training.fastpath import onednn_linear_decision
+
+        taken, why = onednn_linear_decision()
+        if "not kept" in why:
+            os.environ["HLM_ONEDNN_LINEAR"] = "0"
+        onednn_linear_decision.cache_clear()
 
 
 def _data_root() -> Optional[Path]:

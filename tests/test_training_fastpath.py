@@ -524,14 +524,15 @@ def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
     assert fastpath.probe_cache_path() == tmp_path / "cache" / "onednn_linear.json"
     probes = []
 
-    def probe(answer):
+    def probe(answer, clear=True):
         def run():
             probes.append(answer)
-            return {"onednn": answer, "mkl_ms": 3.0, "onednn_ms": 2.0 if answer else 3.0}
+            return {"onednn": answer, "clear": clear, "ratios": [1.5 if answer else 1.0] * 3, "mkl_ms": 3.0,
+                    "onednn_ms": 2.0 if answer else 3.0}
         return run
 
     def ask():
-        fastpath.onednn_linear_pays.cache_clear()  # a new process
+        fastpath.onednn_linear_decision.cache_clear()  # a new process
         return fastpath.onednn_linear_pays()
 
     try:
@@ -563,7 +564,58 @@ def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
         assert ask() is False and probes == [True, False, False]
         assert json.loads(fastpath.probe_cache_path().read_text())[fastpath._probe_key()]["onednn"] is False
     finally:
-        fastpath.onednn_linear_pays.cache_clear()
+        fastpath.onednn_linear_decision.cache_clear()
+
+
+@needs_onednn
+def test_a_borderline_probe_is_this_run_s_only_and_old_entries_are_measured_again(tmp_path, monkeypatch):
+    import json
+
+    from hlmtune.training import fastpath
+
+    monkeypatch.setenv("HLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HLM_ONEDNN_LINEAR", raising=False)
+    calls = []
+
+    def ask(found):
+        def probe():
+            calls.append(found)
+            return found
+        monkeypatch.setattr(fastpath, "_probe_onednn", probe)
+        fastpath.onednn_linear_decision.cache_clear()  # a new process
+        return fastpath.onednn_linear_decision()
+
+    try:
+        # 1.15-1.16x in each round (a timing under load): not taken, not written, measured next run
+        border = {"onednn": True, "clear": False, "ratios": [1.16, 1.15, 1.16], "mkl_ms": 2.92, "onednn_ms": 2.55}
+        taken, why = ask(border)
+        assert taken is False and "borderline" in why and "not kept" in why and "1.16, 1.15, 1.16" in why
+        assert not fastpath.probe_cache_path().exists()
+        assert ask(border)[0] is False and len(calls) == 2
+        # an entry written by the one-round probe of before: measured again, then replaced
+        key = fastpath._probe_key()
+        fastpath.probe_cache_path().parent.mkdir(parents=True, exist_ok=True)
+        fastpath.probe_cache_path().write_text(json.dumps({key: {"onednn": False, "mkl_ms": 2.92, "onednn_ms": 2.55}}))
+        clear = {"onednn": True, "clear": True, "ratios": [1.8, 1.7, 1.9], "mkl_ms": 5.9, "onednn_ms": 3.4}
+        taken, why = ask(clear)
+        assert taken is True and len(calls) == 3 and "kept in" in why and "oneDNN" in why
+        assert json.loads(fastpath.probe_cache_path().read_text())[key]["clear"] is True
+        taken, why = ask(border)  # kept now: a later borderline timing does not move it
+        assert taken is True and len(calls) == 3 and why.startswith("kept for this host")
+    finally:
+        fastpath.onednn_linear_decision.cache_clear()
+
+
+def test_the_probe_decides_by_every_round():
+    from hlmtune.training import fastpath
+
+    found = fastpath._probe_onednn()
+    if "why" in found:
+        pytest.skip(found["why"])
+    assert len(found["ratios"]) == fastpath.PROBE_ROUNDS
+    assert found["onednn"] == (min(found["ratios"]) >= fastpath.TAKE_AT)
+    inside = any(fastpath.KEEP_BELOW < r < fastpath.KEEP_ABOVE for r in found["ratios"])
+    assert found["clear"] == (not inside and (min(found["ratios"]) >= fastpath.KEEP_ABOVE or max(found["ratios"]) <= fastpath.KEEP_BELOW))
 
 
 @needs_onednn

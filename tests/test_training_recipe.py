@@ -183,7 +183,7 @@ def test_cpu_model_takes_blocked_attention_and_onednn_where_asked(dist_env, tiny
     from hlmtune.training import fastpath
 
     monkeypatch.setenv("HLM_ONEDNN_LINEAR", onednn)
-    fastpath.onednn_linear_pays.cache_clear()
+    fastpath.onednn_linear_decision.cache_clear()
     try:
         r = _recipe("hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed", "tiny_lora",
                     tiny_model, text_data_dir, tmp_path, overrides=["batch_size=2"])
@@ -197,12 +197,13 @@ def test_cpu_model_takes_blocked_attention_and_onednn_where_asked(dist_env, tiny
             assert getattr(attn.q_proj, "_onednn_base", False) is routed  # the LoRA base product too
             # the run says which library it multiplied with (run.json), decided before the model
             assert r.run_info(r._cfg)["cpu_linear"] == ("onednn" if routed else "mkl")
+            assert r.run_info(r._cfg)["cpu_linear_why"] == f"HLM_ONEDNN_LINEAR={onednn}: {'oneDNN' if routed else 'MKL'} (no probe)"
             out = r.train_step(dict(next(iter(r._dataloader))))
             assert torch.isfinite(out["loss_sum"])
         finally:
             r.cleanup()
     finally:
-        fastpath.onednn_linear_pays.cache_clear()
+        fastpath.onednn_linear_decision.cache_clear()
 
 
 def test_the_dataloaders_set_vital_deprecation_is_not_printed():

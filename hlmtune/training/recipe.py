@@ -48,7 +48,7 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import (
-    cpu_model_name, gqa_pays, onednn_linear_pays, target_logits_applies, target_positions_only, use_addmm_lora,
+    cpu_model_name, gqa_pays, onednn_linear_decision, target_logits_applies, target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
 from hlmtune.training.errors import RunError, install_exit_hook
@@ -135,8 +135,9 @@ class RecipeBase:
         # and shared: the two sum in different orders, and ranks or reruns that chose apart
         # did not reproduce each other's losses.
         self._cpu_linear: Optional[str] = None
+        self._cpu_linear_why: Optional[str] = None  # the probe's reason (run.json)
         if self._device.type == "cpu" and self._dtype == torch.float32 and not self._compile:
-            pays = rank_zero_value(onednn_linear_pays() if self._is_rank_zero else None)
+            pays, self._cpu_linear_why = rank_zero_value(onednn_linear_decision() if self._is_rank_zero else None)
             self._cpu_linear = "onednn" if pays else "mkl"
         self._ac_every_n: int = self.options.activation_checkpointing.every_n_layers
         self._enable_offload: bool = bool(cfg.get("enable_activation_offloading", False))
@@ -256,6 +257,7 @@ class RecipeBase:
             "gradient_accumulation_steps": self._gradient_accumulation_steps,
             "data_parallel": self._data_parallel,
             "cpu_linear": self._cpu_linear,
+            "cpu_linear_why": self._cpu_linear_why,
             "host": socket.gethostname(),
         }
 
