@@ -716,7 +716,8 @@ def stage_evaluate(job: Job, ft: Trained, *, retrained: bool, max_eval: Optional
         _say(f"evaluation: finished before with these models, kept ({report}; --force redoes it)")
         metrics = json.loads((report / "metrics.json").read_text())
     else:
-        test_set = "DS2" if job.split_file is None else f"the DS2 records of {job.split_file}"  # as report.md names them
+        # A split file's test list is keyed DS2 whatever it holds (a cv fold's held-out patients)
+        test_set = "DS2" if job.split_file is None else f"the test records (\"DS2\" list) of {job.split_file}"
         _say(f"evaluating on {test_set} (unseen patients)"
              + (f": an ensemble of the {len(ft.runs)} fine-tuned runs" if len(ft.runs) > 1 else ""))
         eval_stamp.unlink(missing_ok=True)
