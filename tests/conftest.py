@@ -51,6 +51,10 @@ def pytest_configure(config: pytest.Config) -> None:
         if "not kept" in why:
             os.environ["HLM_ONEDNN_LINEAR"] = "0"
         onednn_linear_decision.cache_clear()
+    # Attention in query blocks or not is probed per run at each model's shape; the suite's runs
+    # take the blocks throughout (as before the probe) so that runs compared with each other
+    # agree bit for bit. The probe itself is tested in tests/test_training_fastpath.py.
+    os.environ.setdefault("HLM_BLOCKED_ATTENTION", "1")
 
 
 def _data_root() -> Optional[Path]:

@@ -626,3 +626,51 @@ def test_onednn_probe_measures_both_libraries():
     # a (1024, 512) x (512, 512) product: well under a second in either library, timed for real
     assert isinstance(found["onednn"], bool) and 0 < found["mkl_ms"] < 1000 and 0 < found["onednn_ms"] < 1000
     assert found["onednn"] is (found["mkl_ms"] >= 1.15 * found["onednn_ms"])
+
+
+
+def test_attention_probe_forced_short_kept_and_borderline(tmp_path, monkeypatch):
+    import json
+
+    from hlmtune.training import fastpath
+
+    monkeypatch.setenv("HLM_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+
+    def probe(found):
+        def run(*shape):
+            calls.append(shape)
+            return found
+        return run
+
+    monkeypatch.setenv("HLM_BLOCKED_ATTENTION", "0")
+    assert fastpath.blocked_attention_decision(8, 4, 64, 512) == (False, "HLM_BLOCKED_ATTENTION=0 (no probe)")
+    monkeypatch.delenv("HLM_BLOCKED_ATTENTION")
+    monkeypatch.setattr(fastpath, "_probe_blocked_attention", probe(None))
+    taken, why = fastpath.blocked_attention_decision(8, 4, 64, 200)  # under two blocks: nothing to decide
+    assert taken is False and "one causal call" in why and not calls
+    # borderline (1.02-1.06x): this run takes the probe's answer, nothing is kept, the next run measures again
+    border = {"blocked": True, "clear": False, "ratios": [1.02, 1.06, 1.04], "sdpa_ms": 10.0, "blocked_ms": 9.7,
+              "band": "0.95-1.1"}
+    monkeypatch.setattr(fastpath, "_probe_blocked_attention", probe(border))
+    taken, why = fastpath.blocked_attention_decision(8, 4, 64, 1024)
+    assert taken is True and "borderline" in why and "not kept" in why and calls == [(8, 4, 64, 512)]  # capped at 512
+    assert not fastpath.probe_cache_path("blocked_attention").exists()
+    # clear (2 threads where many small calls lose: 0.8x): kept off for this host, shape and threads
+    slow = {"blocked": False, "clear": True, "ratios": [0.8, 0.82, 0.79], "sdpa_ms": 8.0, "blocked_ms": 10.0}
+    monkeypatch.setattr(fastpath, "_probe_blocked_attention", probe(slow))
+    assert fastpath.blocked_attention_decision(8, 4, 64, 512)[0] is False and len(calls) == 2
+    kept = json.loads(fastpath.probe_cache_path("blocked_attention").read_text())
+    (key, entry), = kept.items()
+    assert "attention 8/4 heads x 64 at 512 tokens" in key and f"{torch.get_num_threads()} threads" in key
+    monkeypatch.setattr(fastpath, "_probe_blocked_attention", probe(border))
+    taken, why = fastpath.blocked_attention_decision(8, 4, 64, 512)
+    assert taken is False and why.startswith("kept for this host") and len(calls) == 2
+
+
+def test_attention_probe_measures_both_paths():
+    from hlmtune.training import fastpath
+
+    found = fastpath._probe_blocked_attention(4, 2, 32, 256)
+    assert len(found["ratios"]) == fastpath.PROBE_ROUNDS and found["sdpa_ms"] > 0 and found["blocked_ms"] > 0
+    assert found["blocked"] == (min(found["ratios"]) >= 1.0)

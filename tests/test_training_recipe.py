@@ -179,10 +179,11 @@ def test_more_steps_per_epoch_than_the_epoch_holds_is_said(dist_env, tiny_model,
 @pytest.mark.parametrize("onednn", ["0", "1"])
 def test_cpu_model_takes_blocked_attention_and_onednn_where_asked(dist_env, tiny_model, text_data_dir, tmp_path,
                                                                  monkeypatch, onednn):
-    """The recipe's CPU build: attention in query blocks always; oneDNN's GEMMs per the probe (forced here)."""
+    """The recipe's CPU build: attention in query blocks and oneDNN's GEMMs as the probes decide (forced here)."""
     from hlmtune.training import fastpath
 
     monkeypatch.setenv("HLM_ONEDNN_LINEAR", onednn)
+    monkeypatch.setenv("HLM_BLOCKED_ATTENTION", "1")
     fastpath.onednn_linear_decision.cache_clear()
     try:
         r = _recipe("hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed", "tiny_lora",
@@ -222,3 +223,37 @@ def test_the_dataloaders_set_vital_deprecation_is_not_printed():
         warnings.warn("another warning", UserWarning)
     texts = [str(w.message) for w in seen]
     assert "another warning" in texts and not any("set_vital" in t for t in texts), texts
+
+
+
+def _first_loss(dist_env, tiny_model, text_data_dir, tmp_path, monkeypatch, onednn: str, blocked: str):
+    from hlmtune.training import fastpath
+
+    monkeypatch.setenv("HLM_ONEDNN_LINEAR", onednn)
+    monkeypatch.setenv("HLM_BLOCKED_ATTENTION", blocked)
+    fastpath.onednn_linear_decision.cache_clear()
+    try:
+        r = _recipe("hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed", "tiny_lora",
+                    tiny_model, text_data_dir, tmp_path / f"o{onednn}b{blocked}",
+                    overrides=["batch_size=2", "tokenizer.max_seq_len=512"])
+        try:
+            attn = r._model.layers[0].attn
+            assert (getattr(attn, "_causal_block", 0) == fastpath.CAUSAL_BLOCK) is (blocked == "1")  # honoured
+            assert r._cpu_attention == ("blocked" if blocked == "1" else "sdpa")
+            assert r._cpu_attention_why == f"HLM_BLOCKED_ATTENTION={blocked} (no probe)"
+            batch = dict(next(iter(r._dataloader)))
+            assert batch["tokens"].shape[1] >= 2 * fastpath.CAUSAL_BLOCK  # long enough for the blocks to run
+            out = r.train_step(batch)
+            return float(out["loss_sum"]) / float(out["num_tokens"])
+        finally:
+            r.cleanup()
+    finally:
+        fastpath.onednn_linear_decision.cache_clear()
+
+
+def test_losses_agree_whichever_path_the_probes_pick(dist_env, tiny_model, text_data_dir, tmp_path, monkeypatch):
+    """The CPU fast paths change the summation order only: first-step loss equal within 1e-5 (README)."""
+    ref = _first_loss(dist_env, tiny_model, text_data_dir, tmp_path, monkeypatch, "0", "0")
+    for onednn, blocked in (("0", "1"), ("1", "0"), ("1", "1")):
+        got = _first_loss(dist_env, tiny_model, text_data_dir, tmp_path, monkeypatch, onednn, blocked)
+        assert got == pytest.approx(ref, rel=1e-5), (onednn, blocked)

@@ -52,7 +52,7 @@ import contextlib
 import functools
 import types
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -237,12 +237,12 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 PROBE_TRIALS = 5  # best of 5 interleaved timings each: one preempted timing does not decide
 
 
-def probe_cache_path() -> Path:
-    """Where a host keeps its oneDNN probe's decisions (``$HLM_CACHE_DIR``, default ``~/.cache/hlmtune``)."""
+def probe_cache_path(name: str = "onednn_linear") -> Path:
+    """Where a host keeps a probe's decisions (``$HLM_CACHE_DIR``, default ``~/.cache/hlmtune``, ``<name>.json``)."""
     import os
 
     root = os.environ.get("HLM_CACHE_DIR", "").strip()
-    return (Path(root) if root else Path.home() / ".cache" / "hlmtune") / "onednn_linear.json"
+    return (Path(root) if root else Path.home() / ".cache" / "hlmtune") / f"{name}.json"
 
 
 def cpu_model_name() -> str:
@@ -290,20 +290,84 @@ def _probe_onednn() -> Dict[str, Any]:
         return {"onednn": False, "clear": True, "why": "oneDNN's linear op fails on this CPU"}
     if not torch.allclose(got, ref, rtol=1e-4, atol=1e-4):
         return {"onednn": False, "clear": True, "why": "oneDNN's product disagrees beyond fp32 rounding"}
-    ratios, overall = [], {"mkl": float("inf"), "onednn": float("inf")}
-    for _ in range(PROBE_ROUNDS):
-        best = {"mkl": float("inf"), "onednn": float("inf")}
-        for _ in range(PROBE_TRIALS):
-            for name, fn in (("mkl", lambda: F.linear(x, w)), ("onednn", lambda: _mkldnn_linear(x, w, None))):
+    ratios, overall = timing_rounds(lambda: F.linear(x, w), lambda: _mkldnn_linear(x, w, None))
+    return {"onednn": min(ratios) >= TAKE_AT, "clear": _clear(ratios), "ratios": [round(r, 3) for r in ratios],
+            "mkl_ms": overall[0] * 1e3, "onednn_ms": overall[1] * 1e3}
+
+
+def timing_rounds(default: Any, candidate: Any, *, rounds: int = PROBE_ROUNDS, trials: int = PROBE_TRIALS) -> Tuple[List[float], Tuple[float, float]]:
+    """Time two callables interleaved: per round (best of ``trials`` each) default / candidate time.
+
+    Returns:
+        Tuple[List[float], Tuple[float, float]]: the per-round ratios (above 1: the candidate is
+        faster) and the best seconds of each over all rounds.
+    """
+    import time
+
+    ratios, overall = [], [float("inf"), float("inf")]
+    for _ in range(rounds):
+        best = [float("inf"), float("inf")]
+        for _ in range(trials):
+            for i, fn in enumerate((default, candidate)):
                 t0 = time.perf_counter()
                 fn()
-                best[name] = min(best[name], time.perf_counter() - t0)
-        ratios.append(best["mkl"] / best["onednn"])
-        overall = {k: min(overall[k], best[k]) for k in overall}
-    take = min(ratios) >= TAKE_AT
-    clear = all(r >= KEEP_ABOVE for r in ratios) or all(r <= KEEP_BELOW for r in ratios)
-    return {"onednn": take, "clear": clear, "ratios": [round(r, 3) for r in ratios],
-            "mkl_ms": overall["mkl"] * 1e3, "onednn_ms": overall["onednn"] * 1e3}
+                best[i] = min(best[i], time.perf_counter() - t0)
+        ratios.append(best[0] / best[1])
+        overall = [min(o, b) for o, b in zip(overall, best)]
+    return ratios, (overall[0], overall[1])
+
+
+def _clear(ratios: List[float]) -> bool:
+    """Every round on one side of the margin band: a decision that may be kept for the host."""
+    return all(r >= KEEP_ABOVE for r in ratios) or all(r <= KEEP_BELOW for r in ratios)
+
+
+def kept_decision(name: str, key: str, probe: Any, describe: Any, take: str, *,
+                  borderline: Optional[bool] = False) -> Tuple[bool, str]:
+    """A probe's decision for this host: the kept one, else measured (and kept when clear).
+
+    Args:
+        name (str): the cache file's name (``probe_cache_path(name)``).
+        key (str): what the decision depends on (CPU, torch, threads, shape).
+        probe (Callable[[], Dict[str, Any]]): measures; returns ``take`` (bool), ``clear``
+            (bool) and whatever ``describe`` reads.
+        describe (Callable[[Dict[str, Any]], str]): the measurement in words.
+        take (str): the key of the probe's answer.
+        borderline (Optional[bool]): the answer when the probe is not clear (this run only); None:
+            the probe's own answer.
+
+    Returns:
+        Tuple[bool, str]: (taken, why).
+    """
+    import datetime
+    import json
+
+    path = probe_cache_path(name)
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: measure (and write it anew)
+        kept = {}
+    if not isinstance(kept, dict):
+        kept = {}
+    entry = kept.get(key)
+    # Kept: a decision with a margin. An entry of an earlier version (one round, no margin test)
+    # is measured again.
+    if isinstance(entry, dict) and isinstance(entry.get(take), bool) and entry.get("clear") is True:
+        return entry[take], f"kept for this host in {path} (measured {entry.get('measured', '?')}: {describe(entry)})"
+    found = probe()
+    if not found["clear"]:  # borderline: this run only, nothing written
+        answer = found[take] if borderline is None else borderline
+        return answer, (describe(found).rsplit(":", 1)[0] + f": borderline ({found.get('band', f'{KEEP_BELOW}-{KEEP_ABOVE}')}x), "
+                        f"{'taken' if answer else 'not taken'} for this run, not kept")
+    kept[key] = {**found, "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        from hlmtune.files import atomic_write_text
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(kept, indent=1) + "\n")
+    except OSError:  # a read-only home: decided for this process only
+        pass
+    return found[take], describe(found) + f"; kept in {path}"
 
 
 def _probe_why(found: Dict[str, Any]) -> str:
@@ -341,8 +405,6 @@ def onednn_linear_decision() -> Tuple[bool, str]:
     turns it off, ``=1`` on, without the probe or the file. The reason lands in ``run.json``
     (``cpu_linear_why``).
     """
-    import datetime
-    import json
     import os
 
     # oneDNN caches a primitive per GEMM shape (up to 1,024) and, measured on the 26M LoRA
@@ -359,30 +421,7 @@ def onednn_linear_decision() -> Tuple[bool, str]:
         return on, f"HLM_ONEDNN_LINEAR={forced}: {'oneDNN' if on else 'MKL'} (no probe)"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False, "this torch has no oneDNN linear op: MKL"
-    path, key = probe_cache_path(), _probe_key()
-    try:
-        kept = json.loads(path.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: measure (and write it anew)
-        kept = {}
-    if not isinstance(kept, dict):
-        kept = {}
-    entry = kept.get(key)
-    # Kept: a decision with a margin. An entry of an earlier version (one round, no margin test)
-    # is measured again.
-    if isinstance(entry, dict) and isinstance(entry.get("onednn"), bool) and entry.get("clear") is True:
-        return entry["onednn"], f"kept for this host in {path} (measured {entry.get('measured', '?')}: {_probe_why(entry)})"
-    found = _probe_onednn()
-    if not found["clear"]:  # borderline: this run only, MKL, nothing written
-        return False, _probe_why(found).rsplit(":", 1)[0] + f": borderline (inside {KEEP_BELOW}-{KEEP_ABOVE}x), MKL for this run, not kept"
-    kept[key] = {**found, "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    try:
-        from hlmtune.files import atomic_write_text
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(kept, indent=1) + "\n")
-    except OSError:  # a read-only home: decided for this process only
-        pass
-    return found["onednn"], _probe_why(found) + f"; kept in {path}"
+    return kept_decision("onednn_linear", _probe_key(), _probe_onednn, _probe_why, "onednn")
 
 
 def _onednn_linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
@@ -440,6 +479,60 @@ def use_blocked_causal_attention(model: torch.nn.Module, block: int = CAUSAL_BLO
             m._causal_block = block
             n += 1
     return n
+
+
+ATTENTION_PROBE_TOKENS = 512  # the probe's row length (capped at the model's max_seq_len)
+# Blocked attention is kept for the host when every round has it at 1.10x plain SDPA or more
+# (kept off at 0.95x or less); in between each run measures again and takes it from 1.0x.
+ATTENTION_KEEP = (0.95, 1.10)
+
+
+def _probe_blocked_attention(num_heads: int, num_kv_heads: int, head_dim: int, seq_len: int) -> Dict[str, Any]:
+    """fwd+bwd of one causal attention call, plain SDPA vs :func:`causal_sdpa_blocked`, at this shape."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, num_heads, seq_len, head_dim, generator=g).requires_grad_()  # (1, n_h, s, h_d)
+    k = torch.randn(1, num_kv_heads, seq_len, head_dim, generator=g).requires_grad_()
+    v = torch.randn(1, num_kv_heads, seq_len, head_dim, generator=g).requires_grad_()
+    gqa = num_kv_heads < num_heads
+
+    def plain() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).sum().backward()
+
+    def blocked() -> None:
+        causal_sdpa_blocked(q, k, v, enable_gqa=gqa).sum().backward()
+
+    ratios, best = timing_rounds(plain, blocked, trials=3)
+    lo, hi = ATTENTION_KEEP
+    clear = all(r >= hi for r in ratios) or all(r <= lo for r in ratios)
+    return {"blocked": min(ratios) >= 1.0, "clear": clear, "ratios": [round(r, 3) for r in ratios],
+            "sdpa_ms": best[0] * 1e3, "blocked_ms": best[1] * 1e3, "band": f"{lo}-{hi}"}
+
+
+def _attention_why(found: Dict[str, Any]) -> str:
+    ratios = ", ".join(f"{r:.2f}" for r in found["ratios"])
+    return (f"causal attention fwd+bwd: SDPA {found['sdpa_ms']:.2f} ms vs query blocks {found['blocked_ms']:.2f} ms, "
+            f"SDPA/blocked {ratios} over {len(found['ratios'])} rounds: {'blocks' if found['blocked'] else 'one SDPA call'}")
+
+
+def blocked_attention_decision(num_heads: int, num_kv_heads: int, head_dim: int, max_seq_len: int) -> Tuple[bool, str]:
+    """Whether attention in query blocks is the faster CPU path at this shape and thread count, and why.
+
+    Measured on this host with the run's intra-op threads (many small SDPA calls may scale
+    worse with threads than one large one), kept like the oneDNN probe's decisions (file
+    ``blocked_attention.json``). ``HLM_BLOCKED_ATTENTION=0`` / ``=1`` decides without the probe.
+    Rows shorter than two blocks run one causal call either way: nothing to measure.
+    """
+    import os
+
+    forced = os.environ.get("HLM_BLOCKED_ATTENTION", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1", f"HLM_BLOCKED_ATTENTION={forced} (no probe)"
+    seq = min(max_seq_len, ATTENTION_PROBE_TOKENS)
+    if seq < 2 * CAUSAL_BLOCK:
+        return False, f"rows of at most {max_seq_len} tokens: one causal call (blocks start at {2 * CAUSAL_BLOCK})"
+    key = f"{_probe_key()} | attention {num_heads}/{num_kv_heads} heads x {head_dim} at {seq} tokens"
+    return kept_decision("blocked_attention", key, lambda: _probe_blocked_attention(num_heads, num_kv_heads, head_dim, seq),
+                         _attention_why, "blocked", borderline=None)
 
 
 def _addmm_lora_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,8 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import (
-    cpu_model_name, gqa_pays, onednn_linear_decision, target_logits_applies, target_positions_only, use_addmm_lora,
+    blocked_attention_decision, cpu_model_name, gqa_pays, onednn_linear_decision, target_logits_applies,
+    target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
 from hlmtune.training.errors import RunError, install_exit_hook
@@ -136,6 +137,10 @@ class RecipeBase:
         # did not reproduce each other's losses.
         self._cpu_linear: Optional[str] = None
         self._cpu_linear_why: Optional[str] = None  # the probe's reason (run.json)
+        # CPU, eager: causal attention in query blocks ("blocked") or one SDPA call ("sdpa"),
+        # decided at the first model build by rank 0's probe at the model's shape (run.json).
+        self._cpu_attention: Optional[str] = None
+        self._cpu_attention_why: Optional[str] = None
         if self._device.type == "cpu" and self._dtype == torch.float32 and not self._compile:
             pays, self._cpu_linear_why = rank_zero_value(onednn_linear_decision() if self._is_rank_zero else None)
             self._cpu_linear = "onednn" if pays else "mkl"
@@ -191,6 +196,9 @@ class RecipeBase:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._model = self.setup_model(cfg, base_sd)
         del base_sd
+        if self._is_rank_zero and self._cpu_attention and hasattr(self._metric_logger, "log_run_info"):
+            self._metric_logger.log_run_info({"cpu_attention": self._cpu_attention,
+                                              "cpu_attention_why": self._cpu_attention_why})
         self._loss_fn = config.instantiate(cfg.loss)
         if self._compile:
             training.compile_loss(self._loss_fn, verbose=self._is_rank_zero)
@@ -422,10 +430,25 @@ class RecipeBase:
         use_addmm_lora(model)  # LoRA's scale and sum inside one GEMM
         if not self._compile:
             use_complex_rope(model)  # RoPE as one complex multiply
-            if self._device.type == "cpu":
+            if self._device.type == "cpu" and self._blocked_attention(model):
                 use_blocked_causal_attention(model)  # CPU flash attention: skip the hidden half
                 if self._cpu_linear == "onednn":
                     use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
+
+    def _blocked_attention(self, model: torch.nn.Module) -> bool:
+        """Rank 0's probe of query-block attention at the model's shape, decided once per run, shared."""
+        if self._cpu_attention is None:
+            from torchtune.modules import MultiHeadAttention
+
+            attn = next((m for m in model.modules() if isinstance(m, MultiHeadAttention)), None)
+            if attn is None:
+                taken, why = False, "no torchtune attention module"
+            else:
+                seq = int(getattr(model, "max_seq_len", None) or 512)
+                taken, why = rank_zero_value(blocked_attention_decision(attn.num_heads, attn.num_kv_heads, attn.head_dim, seq)
+                                             if self._is_rank_zero else None)
+            self._cpu_attention, self._cpu_attention_why = ("blocked" if taken else "sdpa"), why
+        return self._cpu_attention == "blocked"
 
     def _shard_and_load(self, model: torch.nn.Module, cfg: DictConfig, base_sd: Optional[Dict[str, Any]]) -> None:
         """FSDP2: shard the (meta-built) model, then scatter the full state dict into the shards."""
