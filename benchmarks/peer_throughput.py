@@ -236,7 +236,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--data", default=os.path.join(os.environ["HLM_DATA"], "text") if os.environ.get("HLM_DATA") else None,
                     help="folder with alpaca_cleaned.jsonl (default: $HLM_DATA/text; --ecg reads ../mitdb next to it)")
     ap.add_argument("--synthetic", action="store_true", help="random tokens (synthetic ECG records with --ecg) even when data exists")
-    ap.add_argument("--frameworks", default="pack,torchtune,trl", help="comma-separated subset (default: pack,torchtune,trl)")
+    ap.add_argument("--frameworks", default="pack,torchtune,trl",
+                    help="comma-separated subset (default: pack,torchtune,trl); pack-ranks: the pack as N ranks of one "
+                         "thread each at N threads (same global batch), beside the pack's one process of N threads")
     ap.add_argument("--steps", type=int, default=12, help="optimizer steps per run (default 12)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps not timed (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median counts (default 3)")
@@ -277,9 +279,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.warmup >= args.steps:
         ap.error(f"--warmup {args.warmup} must be < --steps {args.steps}")
     args.wanted = [f.strip() for f in args.frameworks.split(",") if f.strip()]
-    bad = [f for f in args.wanted if f not in ("pack", "torchtune", "trl")]
+    bad = [f for f in args.wanted if f not in ("pack", "pack-ranks", "torchtune", "trl")]
     if bad:
-        ap.error(f"--frameworks: unknown {bad}; choose from pack, torchtune, trl")
+        ap.error(f"--frameworks: unknown {bad}; choose from pack, pack-ranks, torchtune, trl")
+    if "pack-ranks" in args.wanted and any(args.batch_size % t for t in args.threads):
+        ap.error(f"--frameworks pack-ranks: --batch-size {args.batch_size} must divide over every thread count {args.threads}")
     return args
 
 
@@ -348,6 +352,9 @@ def setup_runs(args, work: Path) -> tuple:
     if "pack" in wanted:
         runs["pack"] = [HLMTUNE, "run", "--nproc_per_node", "1", pack_recipe, "--config", cfg_path, *overrides,
                         *pack_knobs, *args.pack_set]
+    if "pack-ranks" in wanted:  # --nproc_per_node and the per-rank batch are set per thread count (measure)
+        runs["pack-ranks"] = [HLMTUNE, "run", "--nproc_per_node", "N", pack_recipe, "--config", cfg_path, *overrides,
+                              *pack_knobs, *args.pack_set]
     if "torchtune" in wanted:
         runs["torchtune"] = [TUNE, "run", tt_recipe, "--config", cfg_path, *overrides, *tt_knobs]
     if trl_cmd is not None:
@@ -367,19 +374,23 @@ def measure(runs: Dict[str, List[str]], args, work: Path, threads: int, tps: Opt
     # benchmarks/ on the path: the pack's ranks import the peers' row dataset (peers.py) from here
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),
                TOKENIZERS_PARALLELISM="false")
-    names = list(runs)
+    names = [n for n in runs if not (n == "pack-ranks" and threads == 1)]  # 1 rank of 1 thread: the pack itself
     results: Dict[str, List[Dict[str, float]]] = {n: [] for n in names}
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
             tag = f"{name}_t{threads}_rep{rep}"
             out = work / tag
+            run_env = env
             if name == "trl":
                 cmd, steps_file = runs[name] + ["--out", str(out / "steps.jsonl")], out / "steps.jsonl"
                 out.mkdir(parents=True, exist_ok=True)
             else:
                 cmd, steps_file = runs[name] + [f"output_dir={out}"], out / "metrics" / "steps.jsonl"
-            res = peak_rss_gib_of(cmd, env, log_path=work / f"{tag}.log")
+            if name == "pack-ranks":  # N ranks x 1 thread, the same global batch
+                cmd = [str(threads) if c == "N" else c for c in cmd] + [f"batch_size={args.batch_size // threads}"]
+                run_env = dict(env, OMP_NUM_THREADS="1")
+            res = peak_rss_gib_of(cmd, run_env, log_path=work / f"{tag}.log")
             if res["returncode"] != 0:
                 tail = (work / f"{tag}.log").read_text(errors="replace")[-3000:]
                 sys.exit(f"FAILED ({name}, exit {res['returncode']}): {' '.join(cmd)}\n{tail}")
@@ -427,11 +438,11 @@ def report(results: Dict[str, List[Dict[str, float]]], args, what: str, threads:
         print("note: DPO's first-step loss is ln 2 in every framework (LoRA B = 0: policy = reference); "
               "it checks the DPO loss and the reference path, the SFT runs check the model and the tokens")
     if "pack" in med:
-        peers = [n for n in names if n != "pack"]
-        for n in peers:
+        for n in [n for n in names if n != "pack"]:
             print(f"pack / {n}: speed {med['pack']['tok_s'] / med[n]['tok_s']:.3f}x (wall), "
                   f"{med['pack']['tok_cpu_s'] / med[n]['tok_cpu_s']:.3f}x (CPU time), "
                   f"peak RSS {med['pack']['rss'] / med[n]['rss']:.3f}x")
+        peers = [n for n in names if n not in ("pack", "pack-ranks")]
         if peers:
             fastest = max(peers, key=lambda n: med[n]["tok_s"])
             fastest_cpu = max(peers, key=lambda n: med[n]["tok_cpu_s"])
@@ -444,20 +455,27 @@ def report(results: Dict[str, List[Dict[str, float]]], args, what: str, threads:
 
 def thread_table(meds: Dict[int, Dict[str, Dict[str, float]]]) -> List[str]:
     """Lines of the per-thread-count summary: wall tokens/s of each framework, pack / peer, scaling."""
-    names = list(next(iter(meds.values())))
+    order = ("pack", "pack-ranks", "torchtune", "trl")
+    names = sorted({n for m in meds.values() for n in m}, key=order.index)  # every framework measured
     counts = sorted(meds)
-    lines = ["", "wall-time tokens/s (median repeat) by intra-op threads:",
-             f"{'threads':>7} " + " ".join(f"{n:>10}" for n in names)
-             + "".join(f" {'pack/' + n:>16}" for n in names if n != "pack" and "pack" in names)]
+
+    def tok(t: int, n: str) -> Optional[float]:
+        return meds[t][n]["tok_s"] if n in meds[t] else None
+
+    def cell(v: Optional[float], width: int, suffix: str = "") -> str:
+        return f"{'-':>{width}}" if v is None else f"{v:>{width - len(suffix)}.{3 if suffix else 1}f}{suffix}"
+
+    others = [n for n in names if n != "pack"] if "pack" in names else []
+    lines = ["", "wall-time tokens/s (median repeat) by intra-op threads (pack-ranks: that many ranks of 1 thread):",
+             f"{'threads':>7} " + " ".join(f"{n:>10}" for n in names) + "".join(f" {'pack/' + n:>16}" for n in others)]
     for t in counts:
-        row = f"{t:>7} " + " ".join(f"{meds[t][n]['tok_s']:>10.1f}" for n in names)
-        if "pack" in names:
-            row += "".join(f" {meds[t]['pack']['tok_s'] / meds[t][n]['tok_s']:>15.3f}x" for n in names if n != "pack")
+        row = f"{t:>7} " + " ".join(cell(tok(t, n), 10) for n in names)
+        row += "".join(" " + cell(tok(t, "pack") / tok(t, n) if tok(t, n) else None, 16, "x") for n in others)
         lines.append(row)
     if len(counts) > 1:
         lo, hi = counts[0], counts[-1]
         lines.append(f"scaling {hi} / {lo} thread(s): " + ", ".join(
-            f"{n} {meds[hi][n]['tok_s'] / meds[lo][n]['tok_s']:.2f}x" for n in names))
+            f"{n} {tok(hi, n) / tok(lo, n):.2f}x" for n in names if tok(hi, n) and tok(lo, n)))
     return lines
 
 

@@ -62,7 +62,7 @@ def test_peer_benchmark_rejects_bad_flags(tmp_path):
 def test_thread_counts_vocabulary_and_labels_in_one_run(tmp_path):
     # Issue 45's options: several thread counts in one invocation, a padded vocabulary, fully labelled rows.
     proc = _run(["--layers", "1", "--dim", "128", "--seq-len", "32", "--batch-size", "2", "--steps", "3",
-                 "--warmup", "1", "--repeats", "1", "--frameworks", "pack,torchtune", "--threads", "1,2",
+                 "--warmup", "1", "--repeats", "1", "--frameworks", "pack,pack-ranks,torchtune", "--threads", "1,2",
                  "--vocab-size", "2048", "--all-labelled"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -70,9 +70,13 @@ def test_thread_counts_vocabulary_and_labels_in_one_run(tmp_path):
     assert re.search(r"thread counts \[1, 2\]", out)
     for t in (1, 2):
         assert f"; {t} thread(s)\n" in out and re.search(rf"first-step loss torchtune vs pack: .* identical", out)
-    table = out.split("wall-time tokens/s (median repeat) by intra-op threads:", 1)[1].splitlines()
-    assert re.match(r"\s+1\s+[\d.]+\s+[\d.]+\s+[\d.]+x", table[2]) and re.match(r"\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+x", table[3])
+    table = out.split("wall-time tokens/s (median repeat) by intra-op threads", 1)[1].splitlines()
+    assert re.match(r"\s+1\s+[\d.]+\s+-\s+[\d.]+\s+-\s+[\d.]+x$", table[2]), table  # pack-ranks: 2+ threads only
+    assert re.match(r"\s+2(\s+[\d.]+){3}(\s+[\d.]+x){2}$", table[3]), table
     assert re.search(r"scaling 2 / 1 thread\(s\): pack [\d.]+x, torchtune [\d.]+x", out)
+    # the pack as 2 ranks x 1 thread beside its 1 process x 2 threads: measured at 2 threads only, same loss
+    assert re.search(r"first-step loss pack-ranks vs pack: .* identical", out) and "pack / pack-ranks: speed" in out
+    assert not (tmp_path / "work" / "pack-ranks_t1_rep0.log").exists()
     import numpy as np
 
     rows = np.load(tmp_path / "work" / "rows.npz")
