@@ -143,3 +143,19 @@ def test_sections_parse_to_typed_defaults(tmp_path):
     assert g.requeue.enabled and g.requeue.signal_seconds == 300  # a `requeue:` section turns it on
     assert g.environment.vars == {"A": "1"} and g.container == ContainerSpec(image="a.sif", binds=("/data",))
     assert not load_grid(_grid(tmp_path, axes={"devices": [1]}, requeue={"enabled": False})).requeue.enabled
+
+
+def test_docs_show_every_key_of_every_section():
+    import dataclasses
+    import re
+
+    from hlmtune.sweep.grid import GRID_SECTIONS, TASK_SLURM_KEYS, ARRAY_SLURM_KEYS
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "sweep.md").read_text()
+    block = docs.split("## The grid file", 1)[1].split("```", 2)[1]
+    for section, cls in GRID_SECTIONS.items():
+        assert re.search(rf"^{section}:", block, re.M), section
+        for f in dataclasses.fields(cls):
+            assert re.search(rf"\b{f.name}\b", block), f"docs/sweep.md's grid example lacks {section}.{f.name}"
+    for key in (*TASK_SLURM_KEYS, *ARRAY_SLURM_KEYS):
+        assert re.search(rf"^\s+{key}:", block, re.M), f"slurm.{key}"
