@@ -30,6 +30,8 @@ def test_local_run_fail_status_resume(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert "2/3 task(s) complete; failed: 1" in out
     d = runs / "loc"
+    # --local writes report/ after its tasks, as the collect job does after the arrays
+    assert (d / "report" / "tasks.csv").is_file() and (d / "report" / "table.csv").is_file()
     dirs = [d / f"00{i}-lr0.00{i + 1}-devices2" for i in range(3)]
     first = _calls(dirs[0])[0]
     assert first["argv"] == ["run", "--nproc_per_node", "2", "lora_finetune_distributed", "--config", str(dirs[0] / "config.yaml")]

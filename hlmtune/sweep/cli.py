@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
                    help="parent of the sweep directory (default: the grid's runs_dir, else ./runs)")
     p.add_argument("--check-paths", action="store_true",
                    help="also check every input path the configs name (checkpoints, tokenizer, data) exists here")
-    p.add_argument("--no-collect", action="store_true", help="with --submit: do not submit the dependent collect job")
+    p.add_argument("--no-collect", action="store_true", help="with --submit: do not submit the dependent collect job; with --local: do not write report/ after the tasks")
     p.add_argument("--write", metavar="DIR", default=None, help="status: also write tasks.csv / tasks.md to DIR")
     p.add_argument("--json", action="store_true", help="status: print the rows as JSON")
     p.add_argument("--no-slurm", action="store_true", help="status: read the run directories only (no squeue/sacct)")
@@ -151,7 +151,10 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.local:
         from hlmtune.sweep.local import run_local
 
-        return run_local(plan.manifest, dataclasses.asdict(grid.environment), ids)
+        rc = run_local(plan.manifest, dataclasses.asdict(grid.environment), ids)
+        if grid.collect.enabled and not args.no_collect:
+            _collect_local(plan.manifest, sweep_dir)  # what the collect job does after the arrays
+        return rc
     if args.submit or args.resume:
         from hlmtune.sweep.slurm import submit
 
@@ -169,3 +172,16 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"  sbatch --dependency=afterany:<job ids> {sweep_dir / 'collect.sbatch'}")
     print(f"or: hlmtune sweep {args.grid} --resume   (submits the tasks not yet complete)")
     return 0
+
+
+def _collect_local(manifest: Any, sweep_dir: Path) -> None:
+    """``report/`` as the collect job writes it: ``hlmtune collect`` and the per-task table."""
+    from hlmtune.profiling.analysis import collect
+    from hlmtune.sweep.status import task_states, task_table, write_table
+
+    report = sweep_dir / "report"
+    res = collect([sweep_dir], report)
+    write_table(task_table(manifest, task_states(manifest, sweep_dir, use_slurm=False)), report)
+    for p in res["problems"]:
+        print(f"problem: {p['path']}: {p['reason']}", file=sys.stderr)
+    print(f"report: {report / 'report.md'} ({len(res['rows'])} row(s))")
