@@ -135,6 +135,7 @@ def write_report(out: Path, info: Dict[str, Any], rows: List[Dict[str, Any]], *,
              f"Device: {info.get('device')} ({_fmt(info.get('device_total_gib'))} GiB); driver {info.get('driver')}, "
              f"CUDA {info.get('cuda')}, torch {info.get('torch')}, torchao {info.get('torchao')}, "
              f"bitsandbytes {info.get('bitsandbytes')}, torchtune {info.get('torchtune')}, nsys {info.get('nsys') or 'absent'}.",
+             *([f"Inputs: text {info['text']}; ECG {info['ecg']}."] if info.get("text") else []),
              "", ("All checks ran" if finished else "**Incomplete**: checks remain (killed or still running)")
              + f": {counts['pass']} pass, {counts['fail']} fail, {counts['skipped']} skipped.", "",
              "| check | status | why | seconds | peak alloc GiB | notes |", "|---|---|---|---|---|---|"]
