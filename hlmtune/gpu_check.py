@@ -51,25 +51,13 @@ COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
 STEPS = 8  # optimizer steps per training check: enough for the loss to fall on the tiny models
 COMPILE_RTOL = 1e-3  # first-step loss, compiled vs eager, fp32 (inductor reorders reductions)
 DEFAULT_LIMIT_S = 90  # per check; the first compile of a model and nsys get more
-# Tiny Llama3 checks: recipe, pack config, whether a few steps must lower the loss (DPO starts
-# at ln 2 with policy = reference and moves little in 8 steps: finite is the check).
-TINY_RECIPES = (
-    ("lora_finetune_distributed", "tiny_lora", True),
-    ("lora_finetune_distributed", "tiny_qlora", True),
-    ("lora_dpo_distributed", "tiny_lora_dpo", False),
-    ("full_dpo_distributed", "tiny_full_dpo", False),
-    ("full_finetune_distributed", "tiny_full", True),
-    ("qat_distributed", "tiny_qat", True),
-    ("qat_lora_finetune_distributed", "tiny_qat_lora", True),
-)
+# Tiny Llama3 checks: pack config, whether a few steps must lower the loss (DPO starts at ln 2
+# with policy = reference and moves little in 8 steps: finite is the check). The recipe of each
+# is the one the registry names for it (every recipe: LoRA, QLoRA, LoRA-DPO, full DPO, full, QAT, QAT-LoRA).
+TINY_CONFIGS = (("tiny_lora", True), ("tiny_qlora", True), ("tiny_lora_dpo", False), ("tiny_full_dpo", False),
+                ("tiny_full", True), ("tiny_qat", True), ("tiny_qat_lora", True))
 # hlm_1m checks: the ECG configs the pack ships (full DPO and QAT-LoRA have none for the HLM).
-ECG_RECIPES = (
-    ("full_finetune_distributed", "ecg_pretrain", True),
-    ("lora_finetune_distributed", "ecg_lora", True),
-    ("lora_finetune_distributed", "ecg_qlora", True),
-    ("lora_dpo_distributed", "ecg_dpo", False),
-    ("qat_distributed", "ecg_qat", True),
-)
+ECG_CONFIGS = (("ecg_pretrain", True), ("ecg_lora", True), ("ecg_qlora", True), ("ecg_dpo", False), ("ecg_qat", True))
 DTYPES = ("bf16", "fp32")
 
 
@@ -226,10 +214,15 @@ def _tail(log: Path, n: int = 300) -> str:
 # ------------------------------------------------------------------ judges
 def read_steps(run_dir: Path) -> List[Dict[str, Any]]:
     """The collector's step records of a run (``run_dir/metrics/steps.jsonl``)."""
+    from hlmtune.profiling.runs import read_steps as read_steps_file
+
     path = run_dir / "metrics" / "steps.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path}: the run wrote no step metrics")
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    records, lost = read_steps_file(path)
+    if lost:  # a check judges whole runs: a lost line is a failure, not a gap
+        raise ValueError("; ".join(lost))
+    return records
 
 
 def _max_key(run_dir: Path, key: str) -> Optional[float]:
@@ -428,12 +421,16 @@ def build_checks(inputs: Inputs, out: Path, device_total_gib: Optional[float]) -
     runs = out / "runs"
     tiny = [f"model_dir={inputs.model_dir}", f"data_dir={inputs.text_dir}", "batch_size=2"]
     checks: List[Check] = []
-    for recipe, config, falls in TINY_RECIPES:
+    from hlmtune.registry import recipe_for_config
+
+    for config, falls in TINY_CONFIGS:
+        recipe = recipe_for_config(config)
         for dtype in DTYPES:
             checks.append(_train(f"recipe/{config}/{dtype}", recipe, config, runs / f"{config}_{dtype}",
                                  [*tiny, f"dtype={dtype}"], falls=falls))
     ecg = [f"shards_dir={inputs.shards_dir}", f"split_file={inputs.split_file}", "extra_records=null"]
-    for recipe, config, falls in ECG_RECIPES:
+    for config, falls in ECG_CONFIGS:
+        recipe = recipe_for_config(config)
         for dtype in DTYPES:
             over = [*ecg, f"dtype={dtype}"]
             after: Tuple[str, ...] = ()
@@ -458,7 +455,7 @@ def build_checks(inputs: Inputs, out: Path, device_total_gib: Optional[float]) -
     checks.append(Check("collector/cuda-memory", [sys.executable, "-c", "pass"], judge=judge_cuda_memory(
         runs / "tiny_lora_bf16", device_total_gib), after=("recipe/tiny_lora/bf16",), limit_s=30))
     checks.append(Check("collector/table", [*_hlmtune(), "collect", str(runs), "--out", str(out / "table")],
-                        judge=judge_table(out / "table" / "table.csv", at_least=len(TINY_RECIPES)), limit_s=120))
+                        judge=judge_table(out / "table" / "table.csv", at_least=len(TINY_CONFIGS)), limit_s=120))
     checks += _profile_checks(inputs, out, tiny)
     checks.append(_train("bnb/paged-adamw8bit", "lora_finetune_distributed", "tiny_lora", runs / "bnb_paged_adamw8bit",
                          [*tiny, "dtype=bf16", "optimizer._component_=bitsandbytes.optim.PagedAdamW8bit",
