@@ -63,10 +63,15 @@ def _exit_without_teardown() -> None:
     The recipe has closed its logs and written its outputs atomically. What remains for
     interpreter shutdown is freeing torch objects, among them the process group kept alive by
     ``hlmtune.training.dist.teardown_distributed``, whose gloo destructor can deadlock on
-    the GIL. Python-level buffers are flushed first.
+    the GIL. Callbacks registered with ``hlmtune.proc.before_fast_exit`` run first (``atexit``
+    handlers do not: a profiler's trace is written this way), then Python-level buffers are
+    flushed.
     """
     import logging
 
+    from hlmtune.proc import run_before_fast_exit
+
+    run_before_fast_exit()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -13,10 +13,11 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Optional
+from typing import Callable, List, Optional
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LAUNCHER_PID_ENV = "HLMTUNE_LAUNCHER_PID"  # pid of the process that starts the ranks (torchrun)
+_BEFORE_FAST_EXIT: List[Callable[[], None]] = []
 
 
 def die_with_parent(sig: int = signal.SIGKILL, expected_parent: Optional[int] = None) -> bool:
@@ -53,3 +54,24 @@ def launcher_pid() -> Optional[int]:
         return int(os.environ[LAUNCHER_PID_ENV])
     except (KeyError, ValueError):
         return None
+
+
+def before_fast_exit(fn: Callable[[], None]) -> None:
+    """Have ``fn`` run when this process ends through :func:`run_before_fast_exit` (``os._exit``).
+
+    Register it with ``atexit`` as well for the normal way out; ``fn`` must tolerate a second call.
+
+    Args:
+        fn (Callable[[], None]): called without arguments, in registration order.
+    """
+    _BEFORE_FAST_EXIT.append(fn)
+
+
+def run_before_fast_exit() -> None:
+    """Run the :func:`before_fast_exit` callbacks; one that raises is reported and the rest still run."""
+    while _BEFORE_FAST_EXIT:
+        fn = _BEFORE_FAST_EXIT.pop(0)
+        try:
+            fn()
+        except Exception as e:  # the process is ending: say so, never lose the others' work
+            print(f"hlmtune: {getattr(fn, '__qualname__', fn)} failed before exit: {e!r}", file=sys.stderr)

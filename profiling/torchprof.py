@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hlmtune.proc import before_fast_exit
 from hlmtune.profiling.runs import API_SUMMARY_FILE, atomic_write_json, profiled_command
 
 ENV_OUT = "HLMTUNE_TORCH_PROFILE_OUT"
@@ -152,6 +153,7 @@ class _Session:
         if window_s:
             self.hook = torch.nn.modules.module.register_module_forward_pre_hook(self._check_window)
         atexit.register(self.finish)
+        before_fast_exit(self.finish)  # a pack rank ends with os._exit, past atexit (hlmtune/_rank.py)
 
     def _check_window(self, *_: Any) -> None:
         if not self.done and time.perf_counter() - self.t0 >= self.window_s:

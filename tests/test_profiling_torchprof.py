@@ -126,3 +126,16 @@ def test_two_rank_gloo_run_profiled(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     res = collect([tmp_path / "runs"], tmp_path / "table")
     assert res["rows"][0]["api_gloo_all_reduce_pct"] > 0
     assert (tmp_path / "table" / "api_share_stacked.png").stat().st_size > 5000
+
+
+def test_a_pack_rank_writes_its_profile_although_it_skips_atexit(tmp_path: Path) -> None:
+    # Pack recipes run as `python -m hlmtune._rank ...`, which ends with os._exit (no atexit):
+    # the profile must still be written, or every torchrun run of a pack recipe profiles nothing.
+    script = tmp_path / "work.py"
+    script.write_text("import torch\nx = torch.ones(64, 64)\nfor _ in range(3):\n    x = x @ x / 64\n")
+    out = tmp_path / "prof"
+    rc = hlmtune_main(["profile", "torch", "--out", str(out), "--", sys.executable, "-m", "hlmtune._rank", str(script)])
+    assert rc == 0
+    s = json.loads((out / "api_summary.json").read_text())
+    (only,) = s["ranks"].values()
+    assert any(r["name"] == "aten::mm" and r["calls"] == 3 for r in only["rows"])

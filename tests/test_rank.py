@@ -38,3 +38,16 @@ def test_rank_keeps_exit_codes_of_failures(tmp_path):
     proc = _run(tmp_path, "raise RuntimeError('boom')")
     assert proc.returncode != 0 and "RuntimeError: boom" in proc.stderr
     assert _run(tmp_path, "import sys; sys.exit(0)").returncode == 0
+
+
+def test_before_fast_exit_callbacks_run_and_one_failure_spares_the_rest(tmp_path):
+    first, last = tmp_path / "first", tmp_path / "last"
+    proc = _run(tmp_path, f"""
+from hlmtune.proc import before_fast_exit
+before_fast_exit(lambda: open({str(first)!r}, "w").close())
+before_fast_exit(lambda: 1 / 0)
+before_fast_exit(lambda: open({str(last)!r}, "w").close())
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert first.exists() and last.exists()  # run although os._exit skips atexit
+    assert "ZeroDivisionError" in proc.stderr and "failed before exit" in proc.stderr
