@@ -266,9 +266,12 @@ def _run_help() -> str:
         Run a recipe: pack recipes first (`hlmtune ls`), then a .py path, then torchtune's
         built-ins (`tune ls`). Configs resolve the same way: pack config name, file path,
         torchtune config name. Without torchrun options the recipe runs as one process
-        (world size 1); any torchrun option (--nproc_per_node, --nnodes, --rdzv_backend,
-        --rdzv_endpoint, --rdzv_id, --node_rank ...) launches it under torchrun, standalone
-        unless --rdzv_endpoint is given.
+        (world size 1), except a pack recipe on CPU: one rank of one thread per core, each
+        with batch_size / ranks (the global batch as configured; measured faster than one
+        process of as many threads), said in one line; --nproc_per_node 1,
+        HLMTUNE_CPU_RANKS=0 or OMP_NUM_THREADS keep one process. Any torchrun option
+        (--nproc_per_node, --nnodes, --rdzv_backend, --rdzv_endpoint, --rdzv_id,
+        --node_rank ...) launches it under torchrun, standalone unless --rdzv_endpoint is given.
 
         Before any process starts: every ${{oc.env:...}} variable is set, every input path the
         config names exists (checkpoint dir/files, tokenizer files, data files, shard
@@ -315,13 +318,15 @@ def plan_run(argv: List[str]):
     """Resolve, check before launch (see ``hlmtune/launch.py``) and build the command.
 
     Returns:
-        tuple: (command as :func:`build_run_command`, warnings to print, torchrun used).
+        tuple: (command as :func:`build_run_command`, warnings to print, torchrun used, notes
+        to print: how a CPU run is split over ranks or threads, see ``hlmtune.launch.cpu_plan``).
 
     Raises:
         ValueError: as :func:`build_run_command`; ``PreLaunchError`` (a ValueError) holds
             one line per problem.
     """
-    from hlmtune.launch import RANK_RUNNER, check_before_launch
+    from hlmtune.compat import load_config
+    from hlmtune.launch import RANK_RUNNER, check_before_launch, cpu_plan
     from hlmtune.registry import resolve_config, resolve_recipe
 
     torchrun_args, recipe_name, rest, ns = split_run_args(argv)
@@ -337,15 +342,23 @@ def plan_run(argv: List[str]):
     rest[i] = str(cfg_path)
     overrides = rest[:i - 1] + rest[i + 1:]
     warnings = check_before_launch(cfg_path, overrides, recipe)
+    notes: List[str] = []
     target = ["-m", recipe.module] if recipe.module else [str(recipe.path)]
+    if not torchrun_args and recipe.spec is not None:  # a pack recipe on CPU: ranks or threads
+        plan = cpu_plan(load_config(str(cfg_path), overrides))
+        if plan is not None:
+            notes.append(plan.why)
+            if plan.ranks > 1:
+                torchrun_args = ["--nproc_per_node", str(plan.ranks)]
+                rest = rest + [f"batch_size={plan.batch_size}"]
     if torchrun_args:
         extra = []
         if not ns.rdzv_endpoint and not ns.standalone and "--standalone" not in torchrun_args:
             extra = ["--standalone"]  # as `tune run`: several single-node jobs can share a host
         # Each rank runs through hlmtune._rank, which records its error for the summary.
         cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, *extra, *RANK_RUNNER, *target, *rest]
-        return cmd, warnings, True
-    return [sys.executable, *target, *rest], warnings, False
+        return cmd, warnings, True, notes
+    return [sys.executable, *target, *rest], warnings, False, notes
 
 
 def _check_process_counts(ns: argparse.Namespace) -> None:
@@ -379,7 +392,7 @@ def run_command(argv: List[str], debug: bool = False) -> int:
     from hlmtune.training.schema import ConfigError
 
     try:
-        cmd, warnings, torchrun = plan_run(argv)
+        cmd, warnings, torchrun, notes = plan_run(argv)
     except PreLaunchError as e:
         for line in e.problems:
             print(f"hlmtune run: {line}", file=sys.stderr)
@@ -393,6 +406,8 @@ def run_command(argv: List[str], debug: bool = False) -> int:
         return 2
     for line in warnings:
         print(f"hlmtune run: warning: {line}", file=sys.stderr)
+    for line in notes:
+        print(f"hlmtune run: {line}", file=sys.stderr)
     print("Running: " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
     sys.stdout.flush()
     # The ranks torchrun starts die with it; this pid survives the exec (hlmtune/proc.py).

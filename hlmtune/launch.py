@@ -22,9 +22,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, List
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
+    from omegaconf import DictConfig
+
     from hlmtune.registry import ResolvedRecipe
 
 # How `hlmtune run` starts each rank under torchrun: records the rank's error (see _rank.py).
@@ -166,3 +169,95 @@ def failure_summary(e: "ChildFailedError") -> str:  # noqa: F821 - torch importe
 
 def _ranks(ranks: List[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+# ------------------------------------------------------------------ CPU: ranks or threads
+CPU_RANKS_ENV = "HLMTUNE_CPU_RANKS"  # "0": one process with every core's threads, as torch does
+# benchmarks/peer_throughput.py --threads 1,2 --frameworks pack,pack-ranks (docs/benchmarks.md,
+# 2026-12-02, 2-core host, 33M-parameter Llama3 LoRA, 8k vocabulary, wall time): 2 ranks x 1
+# thread ran 1.11x one process x 2 threads, same loss curve within 2e-7.
+CPU_RANKS_MEASURED = "2 ranks x 1 thread ran 1.11x one process x 2 threads (docs/benchmarks.md#threads-or-ranks-on-cpu)"
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """How ``hlmtune run`` starts a CPU run given without torchrun options.
+
+    Attributes:
+        ranks (int): processes to start (1: the recipe runs as one process, all threads).
+        batch_size (int): ``batch_size`` of each rank (the configured one divided by ``ranks``).
+        why (str): one line for the user saying what was chosen and why.
+    """
+
+    ranks: int
+    batch_size: int
+    why: str
+
+
+def cpu_plan(cfg: "DictConfig", cores: Optional[int] = None, env: Optional[Dict[str, str]] = None,
+             mem_available: Optional[int] = None) -> Optional[CpuPlan]:
+    """Ranks of one thread, or one process of many: the faster where the config allows it.
+
+    One rank per core, each with one thread and ``batch_size / ranks`` examples, keeps the
+    global batch and the loss curve of one process (the ranks' sampler shards each global
+    batch) and measured faster (``CPU_RANKS_MEASURED``). One process stays when asked
+    (``HLMTUNE_CPU_RANKS=0`` or ``OMP_NUM_THREADS`` set), on one core, when ``batch_size``
+    does not split over two or more of the cores, or when the extra copies of the model's
+    parameters would take more than a quarter of the available memory.
+
+    Args:
+        cfg (DictConfig): the resolved run config (``device``, ``batch_size``, ``model``, ``dtype``).
+        cores (Optional[int]): usable cores (default: this process's CPU affinity).
+        env (Optional[Dict[str, str]]): environment (default: ``os.environ``).
+        mem_available (Optional[int]): bytes available (default: ``/proc/meminfo``).
+
+    Returns:
+        Optional[CpuPlan]: None when the run is not on CPU (a GPU device, or none named
+        while CUDA is there).
+    """
+    from hlmtune.training.activation_memory import mem_available_bytes
+
+    env = os.environ if env is None else env
+    device = str(cfg.get("device") or "")
+    if device.startswith("cuda") or (not device and _cuda_available()):
+        return None
+    batch = int(cfg.get("batch_size") or 1)
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+
+    def one(reason: str) -> CpuPlan:
+        return CpuPlan(1, batch, f"CPU: one process, {reason}")
+
+    if env.get(CPU_RANKS_ENV) == "0":
+        return one(f"{CPU_RANKS_ENV}=0")
+    if env.get("OMP_NUM_THREADS"):
+        return one(f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} threads as set ({CPU_RANKS_ENV}=1 is ignored then)")
+    ranks = max((n for n in range(2, cores + 1) if batch % n == 0), default=1)
+    if ranks == 1:
+        return one(f"all {cores} cores' threads (batch_size {batch} does not split over 2..{cores} ranks)"
+                   if cores > 1 else "1 core")
+    extra = _extra_copies_bytes(cfg, ranks - 1)
+    avail = mem_available if mem_available is not None else mem_available_bytes()
+    if extra is not None and avail is not None and extra > avail / 4:
+        return one(f"all {cores} cores' threads ({ranks - 1} more copies of the model would take "
+                   f"{extra / 2**30:.1f} of {avail / 2**30:.1f} GiB available)")
+    return CpuPlan(ranks, batch // ranks,
+                   f"CPU: {ranks} ranks x 1 thread, batch_size {batch // ranks} each (global {batch}, as configured): "
+                   f"{CPU_RANKS_MEASURED}; --nproc_per_node 1 or {CPU_RANKS_ENV}=0 runs one process")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _extra_copies_bytes(cfg: "DictConfig", copies: int) -> Optional[int]:
+    """Bytes of ``copies`` more copies of the model's parameters (None when it cannot be built on meta)."""
+    from hlmtune.training.schema import build_model_on_meta
+
+    dtype = str(cfg.get("dtype", "bf16"))
+    try:
+        n_params = build_model_on_meta(cfg.model, dtype)
+    except Exception:  # a path the builder reads is missing: preflight has said so, or it is fine
+        return None
+    return copies * n_params * (2 if dtype == "bf16" else 4)

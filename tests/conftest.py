@@ -55,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # take the blocks throughout (as before the probe) so that runs compared with each other
     # agree bit for bit. The probe itself is tested in tests/test_training_fastpath.py.
     os.environ.setdefault("HLM_BLOCKED_ATTENTION", "1")
+    # `hlmtune run` without torchrun options splits a CPU run over one rank per core; the
+    # suite's runs stay one process each (as they were written: world size 1, one exact loss
+    # curve) unless a test asks for ranks. The choice itself: tests/test_launch.py.
+    os.environ.setdefault("HLMTUNE_CPU_RANKS", "0")
 
 
 def _data_root() -> Optional[Path]:

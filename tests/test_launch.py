@@ -3,10 +3,14 @@ each before launch (exit 2, no traceback unless --debug), a failed rank is one e
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from hlmtune.launch import CPU_RANKS_MEASURED
+from recipe_runner import COLLECTOR, read_steps
 
 
 def _run(hlmtune_cli: str, *args: str, cwd: Path, env_drop=(), env_set=None) -> subprocess.CompletedProcess:
@@ -122,3 +126,88 @@ def test_bad_data_row_is_one_line_from_the_rank(hlmtune_cli, copied, text_data_d
     debug = _run(hlmtune_cli, "run", "--debug", "./my_lora.py", "--config", "my.yaml", f"data_dir={bad}",
                  "max_steps_per_epoch=1", cwd=copied)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+# ------------------------------------------------------------------ CPU: ranks or threads
+def _cfg(**kw):
+    from omegaconf import OmegaConf
+
+    base = {"device": "cpu", "batch_size": 4, "dtype": "fp32",
+            "model": {"_component_": "torchtune.models.llama3.llama3", "vocab_size": 256, "num_layers": 2,
+                      "num_heads": 4, "num_kv_heads": 2, "embed_dim": 64, "max_seq_len": 128}}
+    base.update(kw)
+    return OmegaConf.create(base)
+
+
+def test_cpu_plan_splits_the_batch_over_one_rank_per_core():
+    from hlmtune.launch import cpu_plan
+
+    plan = cpu_plan(_cfg(), cores=2, env={}, mem_available=2**34)
+    assert (plan.ranks, plan.batch_size) == (2, 2)  # the global batch stays 4
+    assert plan.why.startswith("CPU: 2 ranks x 1 thread, batch_size 2 each (global 4")
+    assert "1.11x" in plan.why and "--nproc_per_node 1" in plan.why
+    six = cpu_plan(_cfg(batch_size=6), cores=4, env={}, mem_available=2**34)
+    assert (six.ranks, six.batch_size) == (3, 2)  # the most ranks that split the batch evenly
+
+
+@pytest.mark.parametrize("kw, env, cores, needle", [
+    ({"batch_size": 3}, {}, 2, "batch_size 3 does not split over 2..2 ranks"),
+    ({}, {"HLMTUNE_CPU_RANKS": "0"}, 2, "HLMTUNE_CPU_RANKS=0"),
+    ({}, {"OMP_NUM_THREADS": "2"}, 2, "OMP_NUM_THREADS=2 threads as set"),
+    ({}, {}, 1, "1 core"),
+])
+def test_cpu_plan_keeps_one_process_and_says_why(kw, env, cores, needle):
+    from hlmtune.launch import cpu_plan
+
+    plan = cpu_plan(_cfg(**kw), cores=cores, env=env, mem_available=2**34)
+    assert plan.ranks == 1 and plan.batch_size == _cfg(**kw).batch_size
+    assert plan.why.startswith("CPU: one process") and needle in plan.why, plan.why
+
+
+def test_cpu_plan_keeps_one_process_when_model_copies_would_not_fit():
+    from hlmtune.launch import cpu_plan
+    from hlmtune.training.schema import build_model_on_meta
+
+    cfg = _cfg()
+    copy_bytes = build_model_on_meta(cfg.model, "fp32") * 4
+    assert cpu_plan(cfg, cores=2, env={}, mem_available=4 * copy_bytes).ranks == 2  # a quarter: fits
+    plan = cpu_plan(cfg, cores=2, env={}, mem_available=4 * copy_bytes - 1)
+    assert plan.ranks == 1 and "1 more copies of the model would take" in plan.why
+
+
+def test_cpu_plan_is_none_on_a_gpu_device():
+    from hlmtune.launch import cpu_plan
+
+    assert cpu_plan(_cfg(device="cuda"), cores=8, env={}) is None
+
+
+def test_run_without_torchrun_options_on_cpu_starts_ranks(monkeypatch, tiny_model, text_data_dir):
+    from hlmtune._cli_core import build_run_command
+
+    monkeypatch.delenv("HLMTUNE_CPU_RANKS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    paths = [f"model_dir={tiny_model}", f"data_dir={text_data_dir}"]
+    cmd = build_run_command(["lora_finetune_distributed", "--config", "tiny_lora", *paths])
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node", "2"] and cmd[-1] == "batch_size=2"
+    one = build_run_command(["--nproc_per_node", "1", "lora_finetune_distributed", "--config", "tiny_lora", *paths])
+    assert one[3:5] == ["--nproc_per_node", "1"] and "batch_size=2" not in one  # asked for: kept as given
+
+
+@pytest.mark.slow
+def test_cpu_ranks_keep_the_loss_curve_of_one_process(hlmtune_cli, copied, text_data_dir):
+    args = ["run", "lora_finetune_distributed", "--config", "my.yaml", f"data_dir={text_data_dir}",
+            "max_steps_per_epoch=4", "batch_size=4", f"metric_logger._component_={COLLECTOR}",
+            "metric_logger.log_dir=${output_dir}/metrics"]
+    ranks = _run(hlmtune_cli, *args, "output_dir=ranks", cwd=copied, env_drop=("HLMTUNE_CPU_RANKS", "OMP_NUM_THREADS"))
+    assert ranks.returncode == 0, ranks.stderr
+    line = [x for x in ranks.stderr.splitlines() if x.startswith("hlmtune run: CPU:")]
+    n = max(d for d in (1, 2, 3, 4) if d <= len(os.sched_getaffinity(0)) and 4 % d == 0)  # ranks expected
+    if n > 1:
+        assert line == [f"hlmtune run: CPU: {n} ranks x 1 thread, batch_size {4 // n} each (global 4, as configured): "
+                        f"{CPU_RANKS_MEASURED}; --nproc_per_node 1 or HLMTUNE_CPU_RANKS=0 runs one process"]
+    one = _run(hlmtune_cli, *args, "output_dir=one", cwd=copied)  # the suite's HLMTUNE_CPU_RANKS=0
+    assert one.returncode == 0 and "hlmtune run: CPU: one process, HLMTUNE_CPU_RANKS=0" in one.stderr, one.stderr
+    a, b = read_steps(copied / "ranks"), read_steps(copied / "one")
+    assert [s["memory_ranks"] for s in a] == [n] * 4 and [s["memory_ranks"] for s in b] == [1] * 4
+    assert [s["loss"] for s in a] == pytest.approx([s["loss"] for s in b], rel=1e-5)

@@ -175,7 +175,8 @@ def checkpointed_layer_count(num_layers: int, layer_bytes: float, input_bytes: f
     return None
 
 
-def _mem_available_bytes() -> Optional[int]:
+def mem_available_bytes() -> Optional[int]:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where it cannot be read)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -191,7 +192,7 @@ def free_memory_bytes(device: torch.device) -> Tuple[Optional[int], str]:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free, "cuda mem_get_info free"
-    avail = _mem_available_bytes()
+    avail = mem_available_bytes()
     if avail is None:
         return None, "MemAvailable unreadable"
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
