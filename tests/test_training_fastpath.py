@@ -674,3 +674,25 @@ def test_attention_probe_measures_both_paths():
     found = fastpath._probe_blocked_attention(4, 2, 32, 256)
     assert len(found["ratios"]) == fastpath.PROBE_ROUNDS and found["sdpa_ms"] > 0 and found["blocked_ms"] > 0
     assert found["blocked"] == (min(found["ratios"]) >= 1.0)
+
+
+def test_chunked_cross_entropy_equals_the_formula(monkeypatch):
+    from hlmtune.training import fastpath
+
+    torch.manual_seed(0)
+    monkeypatch.setattr(fastpath, "CE_CHUNK_ELEMENTS", 7 * 50)  # 7 rows per chunk: 4 chunks, the last partial
+    logits = torch.randn(23, 50, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (23,))
+    got = fastpath.chunked_cross_entropy(logits, targets)
+    (g_got,) = torch.autograd.grad(got, logits)
+    # reference: the textbook formula, no torch cross-entropy
+    per_row = torch.logsumexp(logits, dim=-1) - logits[torch.arange(23), targets]  # (N,)
+    (g_ref,) = torch.autograd.grad(per_row.sum(), logits, retain_graph=True)
+    assert torch.allclose(got, per_row.sum(), rtol=1e-12) and torch.allclose(g_got, g_ref, rtol=1e-12)
+    rows = fastpath.chunked_cross_entropy(logits, targets, reduction="none")
+    assert rows.shape == (23,) and torch.allclose(rows, per_row, rtol=1e-12)
+    with pytest.raises(ValueError, match="reduction='mean'"):
+        fastpath.chunked_cross_entropy(logits, targets, reduction="mean")
+    few = logits[:5]  # under one chunk: one call
+    assert torch.allclose(fastpath.chunked_cross_entropy(few, targets[:5]),
+                          (torch.logsumexp(few, -1) - few[torch.arange(5), targets[:5]]).sum(), rtol=1e-12)

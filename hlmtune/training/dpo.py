@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torchtune import rlhf
 from torchtune.data import CROSS_ENTROPY_IGNORE_IDX as IGNORE
 
-from hlmtune.training.fastpath import target_positions_only
+from hlmtune.training.fastpath import chunked_cross_entropy, target_positions_only
 from hlmtune.training.recipe import RecipeBase
 
 # Off switch of the shared-prompt layout (A/B measurements; same log-probs either way).
@@ -190,7 +190,7 @@ class DPORecipe(RecipeBase):
             keep = shifted != -100
             with self._activations_ctx, target_positions_only(inner, keep):
                 logits = model(input_ids)  # (N, V), N = keep.sum(), row-major
-            token_logps = -F.cross_entropy(logits, shifted[keep], reduction="none")  # (N,)
+            token_logps = -chunked_cross_entropy(logits, shifted[keep], reduction="none")  # (N,)
             rows = keep.nonzero()[:, 0]  # (N,) the row of each kept position
             logps = torch.zeros(input_ids.shape[0], dtype=token_logps.dtype, device=token_logps.device)
             logps = logps.index_add(0, rows, token_logps)  # (2B,)

@@ -48,7 +48,7 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import (
-    blocked_attention_decision, cpu_model_name, gqa_pays, onednn_linear_decision, target_logits_applies,
+    blocked_attention_decision, chunked_cross_entropy, cpu_model_name, gqa_pays, onednn_linear_decision, target_logits_applies,
     target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
@@ -819,7 +819,7 @@ class SFTRecipe(RecipeBase):
             if self._target_logits:  # same loss, no logits for positions without a label
                 with target_positions_only(self._inner_model, keep):
                     logits = self._model(**batch)  # (N, V), N = num_tokens
-                loss = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum")
+                loss = chunked_cross_entropy(logits, labels[keep])
             else:
                 logits = self._model(**batch)  # (B, T, V) or list of chunks
                 loss = self._loss_fn(logits, labels) * num_tokens
