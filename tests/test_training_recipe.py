@@ -235,7 +235,8 @@ def _first_loss(dist_env, tiny_model, text_data_dir, tmp_path, monkeypatch, oned
     try:
         r = _recipe("hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed", "tiny_lora",
                     tiny_model, text_data_dir, tmp_path / f"o{onednn}b{blocked}",
-                    overrides=["batch_size=2", "tokenizer.max_seq_len=512"])
+                    # packed: rows of 512 whether the real samples or the shorter stand-ins are read
+                    overrides=["batch_size=2", "tokenizer.max_seq_len=512", "dataset.packed=True"])
         try:
             attn = r._model.layers[0].attn
             assert (getattr(attn, "_causal_block", 0) == fastpath.CAUSAL_BLOCK) is (blocked == "1")  # honoured
