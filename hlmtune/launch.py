@@ -174,9 +174,10 @@ def _ranks(ranks: List[int]) -> str:
 # ------------------------------------------------------------------ CPU: ranks or threads
 CPU_RANKS_ENV = "HLMTUNE_CPU_RANKS"  # "0": one process with every core's threads, as torch does
 # benchmarks/peer_throughput.py --threads 1,2 --frameworks pack,pack-ranks (docs/benchmarks.md,
-# 2026-12-02, 2-core host, 33M-parameter Llama3 LoRA, 8k vocabulary, wall time): 2 ranks x 1
-# thread ran 1.11x one process x 2 threads, same loss curve within 2e-7.
-CPU_RANKS_MEASURED = "2 ranks x 1 thread ran 1.11x one process x 2 threads (docs/benchmarks.md#threads-or-ranks-on-cpu)"
+# 2026-12-02, 2-core host, 33M-parameter Llama3 LoRA, 8k vocabulary, wall time, two runs): 2
+# ranks x 1 thread ran 1.11x and 1.03x one process x 2 threads, same loss curve within 2e-7.
+CPU_RANKS_MEASURED = ("2 ranks x 1 thread ran 1.03-1.11x one process x 2 threads "
+                      "(docs/benchmarks.md#threads-or-ranks-on-cpu)")
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def test_cpu_plan_splits_the_batch_over_one_rank_per_core():
     plan = cpu_plan(_cfg(), cores=2, env={}, mem_available=2**34)
     assert (plan.ranks, plan.batch_size) == (2, 2)  # the global batch stays 4
     assert plan.why.startswith("CPU: 2 ranks x 1 thread, batch_size 2 each (global 4")
-    assert "1.11x" in plan.why and "--nproc_per_node 1" in plan.why
+    assert "1.03-1.11x" in plan.why and "--nproc_per_node 1" in plan.why
     six = cpu_plan(_cfg(batch_size=6), cores=4, env={}, mem_available=2**34)
     assert (six.ranks, six.batch_size) == (3, 2)  # the most ranks that split the batch evenly
 
