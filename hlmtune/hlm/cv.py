@@ -605,7 +605,7 @@ def register(subparsers: Any) -> None:
     from hlmtune.hlm.pipeline import add_job_arguments, run_job
 
     p.add_argument("overrides", nargs="*", help="key=value overrides of every fold's LoRA fine-tune (ecg_lora)")
-    p.add_argument("--folds", type=int, default=4, help="K: folds of DS1 records")
+    p.add_argument("--folds", type=int, default=4, help="K: folds of the training patients (DS1, + svdb when present)")
     p.add_argument("--calibrate-classes", nargs="+", default=None, metavar="CLASS",
                    help="classes whose F1 the class bias maximises and whose bias moves (default: all), e.g. "
                         "N S V to leave a class seen in one or two patients at 0")
@@ -634,7 +634,8 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
         from hlmtune.hlm.evaluate import class_table
 
         doc = json.loads((report.parent / "cv_metrics.json").read_text())
-        print(f"pooled out-of-fold predictions, {args.folds} folds of DS1 (not comparable to DS2 figures):")
+        print(f"pooled out-of-fold predictions, {args.folds} folds of the training patients of {doc['data']} "
+              "(not comparable to DS2 figures):")
         print(class_table(doc["pooled"], doc["classes"]))
         print(f"macro-F1 with a class bias fitted on the other folds (nested): "
               f"{doc['cv_macro_f1_nested_calibration']:.3f}")
