@@ -21,8 +21,8 @@ import logging
 import os
 import sys
 import tempfile
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -231,7 +231,7 @@ def cpu_plan(cfg: "DictConfig", cores: Optional[int] = None, env: Optional[Dict[
     if env.get(CPU_RANKS_ENV) == "0":
         return one(f"{CPU_RANKS_ENV}=0")
     if env.get("OMP_NUM_THREADS"):
-        return one(f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} threads as set ({CPU_RANKS_ENV}=1 is ignored then)")
+        return one(f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} threads as set")
     ranks = max((n for n in range(2, cores + 1) if batch % n == 0), default=1)
     if ranks == 1:
         return one(f"all {cores} cores' threads (batch_size {batch} does not split over 2..{cores} ranks)"
