@@ -118,8 +118,9 @@ def _versions() -> Dict[str, Optional[str]]:
 def _recipe_name() -> Optional[str]:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    if spec is not None and getattr(spec, "name", None) not in (None, "__main__"):
-        return str(spec.name).rsplit(".", 1)[-1]
+    leaf = str(getattr(spec, "name", None) or "__main__").rsplit(".", 1)[-1]
+    if leaf != "__main__":  # `python -m pkg` runs pkg.__main__: the name is then argv's
+        return leaf
     if sys.argv and sys.argv[0]:
         return Path(sys.argv[0]).stem or None
     return None
