@@ -325,7 +325,6 @@ def plan_run(argv: List[str]):
         ValueError: as :func:`build_run_command`; ``PreLaunchError`` (a ValueError) holds
             one line per problem.
     """
-    from hlmtune.compat import load_config
     from hlmtune.launch import RANK_RUNNER, check_before_launch, cpu_plan
     from hlmtune.registry import resolve_config, resolve_recipe
 
@@ -341,11 +340,11 @@ def plan_run(argv: List[str]):
     cfg_path = resolve_config(rest[i])
     rest[i] = str(cfg_path)
     overrides = rest[:i - 1] + rest[i + 1:]
-    warnings = check_before_launch(cfg_path, overrides, recipe)
+    warnings, cfg = check_before_launch(cfg_path, overrides, recipe)
     notes: List[str] = []
     target = ["-m", recipe.module] if recipe.module else [str(recipe.path)]
     if not torchrun_args and recipe.spec is not None:  # a pack recipe on CPU: ranks or threads
-        plan = cpu_plan(load_config(str(cfg_path), overrides))
+        plan = cpu_plan(cfg)
         if plan is not None:
             notes.append(plan.why)
             if plan.ranks > 1:

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from omegaconf import DictConfig
@@ -42,7 +42,8 @@ class PreLaunchError(ValueError):
         self.problems = list(problems)
 
 
-def check_before_launch(cfg_path: Path, overrides: List[str], recipe: "ResolvedRecipe") -> List[str]:
+def check_before_launch(cfg_path: Path, overrides: List[str],
+                        recipe: "ResolvedRecipe") -> Tuple[List[str], "DictConfig"]:
     """Check a config for a recipe before launch.
 
     Args:
@@ -51,7 +52,8 @@ def check_before_launch(cfg_path: Path, overrides: List[str], recipe: "ResolvedR
         recipe (ResolvedRecipe): the resolved recipe (``spec`` None: not validated).
 
     Returns:
-        List[str]: warnings (keys accepted but not honoured, an unvalidated recipe file).
+        Tuple[List[str], DictConfig]: warnings (keys accepted but not honoured, an unvalidated
+        recipe file), and the config as loaded with the overrides (for the launch plan).
 
     Raises:
         PreLaunchError: one line per problem (missing paths, unset variables, unwritable
@@ -76,13 +78,13 @@ def check_before_launch(cfg_path: Path, overrides: List[str], recipe: "ResolvedR
     if recipe.spec is None:
         if recipe.path is not None and not _is_torchtune_builtin(recipe.path):
             return [f"{recipe.path.name} declares no RecipeSpec (not a pack recipe, a copy or a subclass of one): "
-                    "its config keys are not validated before launch"]
-        return []
+                    "its config keys are not validated before launch"], cfg
+        return [], cfg
     try:
         validate_config(cfg, recipe.spec)
     except ConfigError as e:
         raise PreLaunchError(e.problems) from None
-    return config_warnings(cfg, recipe.spec)
+    return config_warnings(cfg, recipe.spec), cfg
 
 
 def _is_torchtune_builtin(path: Path) -> bool:
