@@ -116,6 +116,9 @@ def register(subparsers: Any) -> None:
     t.add_argument("--out", default="torch_profile", help="output folder")
     t.add_argument("--window-s", type=float, default=None, help="stop profiling after this many seconds (checked at module forwards)")
     t.add_argument("--top", type=int, default=15, help="operators kept per rank")
+    t.add_argument("--shapes", type=int, default=0, metavar="N",
+                   help="also record input shapes and keep the top N (operator, shapes) rows per rank "
+                        "(cpu_op_shape; slower profiling; default 0: off)")
     t.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the training command")
     t.set_defaults(func=_profile_torch)
 

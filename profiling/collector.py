@@ -426,7 +426,8 @@ class CollectorLogger:
             for k, v in info.items():
                 if k in self._explicit:
                     continue
-                self._meta[k] = sanitize(_to_float(v))
+                # mappings and lists (e.g. fast_paths) stay JSON structures; scalars via .item()
+                self._meta[k] = sanitize(v if isinstance(v, (dict, list, tuple)) else _to_float(v))
             self._meta["run_info_from_recipe"] = True
             if "world_size" in info:
                 self._world = int(info["world_size"])

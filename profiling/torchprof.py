@@ -14,6 +14,9 @@ process without ``RANK``, e.g. the torchrun launcher). The parent then merges th
 - ``collective``: gloo / c10d collectives (``gloo:all_reduce``, ``c10d::allreduce_`` ...;
   share of wall time);
 - ``cpu_op``: top operators by self CPU time (share of the total self CPU time);
+- ``cpu_op_shape`` (with ``--shapes N``: ``record_shapes``): the top N (operator, input
+  shapes) pairs by self CPU time, each row with its ``input_shapes``: which multiply or
+  elementwise op at which tensor size costs what (share of the total self CPU time);
 - ``gpu_kernel`` (CUDA processes: CUDA activity is recorded too): top kernels by device time
   (share of all kernels' device time), and ``all_kernels`` in the headline (share of wall time).
 """
@@ -37,6 +40,7 @@ from hlmtune.profiling.runs import API_SUMMARY_FILE, atomic_write_json, profiled
 ENV_OUT = "HLMTUNE_TORCH_PROFILE_OUT"
 ENV_WINDOW = "HLMTUNE_TORCH_PROFILE_WINDOW_S"
 ENV_TOP = "HLMTUNE_TORCH_PROFILE_TOP"
+ENV_SHAPES = "HLMTUNE_TORCH_PROFILE_SHAPES"
 RANGES = ("data", "forward", "backward", "optimizer_step")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all")
 _COLL_RE = re.compile(r"(gloo:|c10d::|nccl:|record_param_comms)", re.I)
@@ -119,6 +123,28 @@ def summarize_events(key_averages: Any, *, wall_s: float, top: int = 15) -> Dict
     return {"totals": totals, "headline": headline, "rows": rows}
 
 
+def shape_rows(key_averages: Any, *, top: int, self_total: float) -> List[Dict[str, Any]]:
+    """``cpu_op_shape`` rows: the top operators by self CPU time, one row per input-shape group.
+
+    Args:
+        key_averages (Any): ``prof.key_averages(group_by_input_shape=True)`` of a profile taken
+            with ``record_shapes=True`` (items with ``key``, ``count``, ``self_cpu_time_total``
+            in us and ``input_shapes``).
+        top (int): rows kept.
+        self_total (float): the profile's total self CPU time (s), the shares' denominator.
+
+    Returns:
+        List[Dict[str, Any]]: rows with ``input_shapes`` (a list of shapes, one per input).
+    """
+    ops = [e for e in key_averages if e.key.startswith("aten::") or "::" in e.key]
+    ops.sort(key=lambda e: -e.self_cpu_time_total)
+    return [{"category": "cpu_op_shape", "name": e.key, "seconds": e.self_cpu_time_total * 1e-6,
+             "share": e.self_cpu_time_total * 1e-6 / self_total if self_total > 0 else None,
+             "calls": int(e.count), "bytes": None, "input_shapes": [list(x) if isinstance(x, (list, tuple)) else x
+                                                                    for x in (e.input_shapes or [])]}
+            for e in ops[:top]]
+
+
 def gpu_kernels(key_averages: Any) -> List[tuple]:
     """``(kernel name, launches, device seconds)`` of the CUDA kernels the profile recorded.
 
@@ -138,16 +164,16 @@ def gpu_kernels(key_averages: Any) -> List[tuple]:
 
 
 class _Session:
-    def __init__(self, out: Path, window_s: Optional[float], top: int) -> None:
+    def __init__(self, out: Path, window_s: Optional[float], top: int, shapes: int = 0) -> None:
         import torch
 
-        self.out, self.window_s, self.top = out, window_s, top
+        self.out, self.window_s, self.top, self.shapes = out, window_s, top, shapes
         self.done = False
         self.hook = None
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():  # kernels and their device time (the gpu_kernel rows)
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.prof = torch.profiler.profile(activities=activities)
+        self.prof = torch.profiler.profile(activities=activities, record_shapes=shapes > 0)
         self.prof.start()
         self.t0 = time.perf_counter()
         if window_s:
@@ -168,6 +194,9 @@ class _Session:
         self.prof.stop()
         wall = time.perf_counter() - self.t0
         body = summarize_events(self.prof.key_averages(), wall_s=wall, top=self.top)
+        if self.shapes:
+            body["rows"] += shape_rows(self.prof.key_averages(group_by_input_shape=True), top=self.shapes,
+                                       self_total=body["totals"]["cpu_op"])
         rank = os.environ.get("RANK")
         body["rank"] = rank
         body["pid"] = os.getpid()
@@ -186,7 +215,8 @@ def start_from_env() -> None:
     if not out or _SESSION is not None:
         return
     window = os.environ.get(ENV_WINDOW)
-    _SESSION = _Session(Path(out), float(window) if window else None, int(os.environ.get(ENV_TOP, "15")))
+    _SESSION = _Session(Path(out), float(window) if window else None, int(os.environ.get(ENV_TOP, "15")),
+                        int(os.environ.get(ENV_SHAPES, "0") or 0))
 
 
 def merge(out: str | os.PathLike) -> Dict[str, Any]:
@@ -215,7 +245,7 @@ def merge(out: str | os.PathLike) -> Dict[str, Any]:
         "ignored": [{"path": str(f), "reason": "process without RANK (launcher) while ranked processes exist"} for f in pids] if ranked else [],
         "ranks": dict(sorted(ranks.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)),
         "time_unit": "s",
-        "share": "range/data/collective: fraction of the profiled wall time; cpu_op: fraction of total self CPU time",
+        "share": "range/data/collective: fraction of the profiled wall time; cpu_op, cpu_op_shape: fraction of total self CPU time",
     }
 
 
@@ -234,6 +264,7 @@ def run_torch(args: Any) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(boot)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env[ENV_OUT] = str(out)
     env[ENV_TOP] = str(args.top)
+    env[ENV_SHAPES] = str(getattr(args, "shapes", 0) or 0)
     if args.window_s:
         env[ENV_WINDOW] = str(args.window_s)
     print("+ " + shlex.join(cmd), file=sys.stderr)

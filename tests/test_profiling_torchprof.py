@@ -139,3 +139,23 @@ def test_a_pack_rank_writes_its_profile_although_it_skips_atexit(tmp_path: Path)
     s = json.loads((out / "api_summary.json").read_text())
     (only,) = s["ranks"].values()
     assert any(r["name"] == "aten::mm" and r["calls"] == 3 for r in only["rows"])
+
+
+def test_shapes_option_splits_an_operator_by_input_shape(tmp_path: Path) -> None:
+    # Two multiplies of different sizes are one aten::mm row; with --shapes they are two rows,
+    # the larger one first (it has the most self time), each naming its inputs' shapes.
+    script = tmp_path / "work.py"
+    script.write_text("import torch\na = torch.ones(256, 256)\nb = torch.ones(8, 8)\n"
+                      "for _ in range(4):\n    a @ a\n    b @ b\n")
+    out = tmp_path / "prof"
+    rc = hlmtune_main(["profile", "torch", "--out", str(out), "--shapes", "10", "--", sys.executable, str(script)])
+    assert rc == 0
+    (only,) = json.loads((out / "api_summary.json").read_text())["ranks"].values()
+    mm = [r for r in only["rows"] if r["category"] == "cpu_op_shape" and r["name"] == "aten::mm"]
+    assert [r["input_shapes"] for r in mm] == [[[256, 256], [256, 256]], [[8, 8], [8, 8]]]
+    assert [r["calls"] for r in mm] == [4, 4] and mm[0]["seconds"] > mm[1]["seconds"]
+    assert 0 < sum(r["share"] for r in mm) <= 1
+    # without the option: no shape rows (record_shapes off)
+    rc = hlmtune_main(["profile", "torch", "--out", str(out), "--", sys.executable, str(script)])
+    (only,) = json.loads((out / "api_summary.json").read_text())["ranks"].values()
+    assert rc == 0 and not [r for r in only["rows"] if r["category"] == "cpu_op_shape"]

@@ -93,6 +93,21 @@ def test_completion_log_probs_match_torchtunes_full_logits():
     torch.testing.assert_close(m2, reference[2], rtol=1e-5, atol=1e-6)
 
 
+def test_completion_log_probs_in_logit_chunks_match(monkeypatch):
+    from hlmtune.training import fastpath
+
+    ids, labels = _batch()
+    reference = _torchtune_reference(ids, labels)
+    model = _policy()
+    rows = int(reference[3].sum()) // 3  # about three chunks of the completion positions' logits
+    monkeypatch.setattr(fastpath, "CE_CHUNK_ELEMENTS", rows * model.output.out_features)
+    made = []
+    model.output.register_forward_hook(lambda m, a, o: made.append(o.shape[0]))
+    chosen, rejected, mean_logit = _recipe(model).concatenated_forward(model, ids, labels)
+    assert len(made) >= 3 and max(made) == rows  # the head ran in row chunks
+    _assert_matches(model, torch.cat([chosen, rejected]), mean_logit, reference)
+
+
 def test_reference_model_is_read_through_its_own_unwrapped_module():
     ids, labels = _batch()
     policy, reference = _policy(seed=0), _policy(seed=3)

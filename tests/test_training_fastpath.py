@@ -248,6 +248,54 @@ def test_target_positions_only_gives_torchtunes_chunked_loss_and_gradients():
     assert "unembed" not in fast_model.__dict__
 
 
+def test_chunked_head_gives_the_same_loss_and_gradients_without_whole_logits(monkeypatch):
+    from hlmtune.training import fastpath
+
+    tokens = torch.randint(0, 96, (3, 32), generator=torch.Generator().manual_seed(4))
+    labels = _labels(tokens, seed=5)
+    keep = labels != -100
+    n = int(keep.sum())
+
+    def run(chunked: bool):
+        model = _model(lora_output=True)
+        with target_positions_only(model, keep, chunked=chunked):
+            logits = model(tokens)
+        loss = fastpath.chunked_cross_entropy(logits, labels[keep]) / n
+        loss.backward()
+        return logits, (loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+
+    whole, ref = run(chunked=False)  # one (N, V) tensor: the chunk is larger than the logits
+    assert isinstance(whole, torch.Tensor) and whole.shape == (n, 96)
+    monkeypatch.setattr(fastpath, "CE_CHUNK_ELEMENTS", 10 * 96)  # 10 rows per chunk, the last one partial
+    chunks, got = run(chunked=True)
+    assert isinstance(chunks, list) and [c.shape[0] for c in chunks[:-1]] == [10] * (len(chunks) - 1)
+    assert sum(c.shape[0] for c in chunks) == n and 0 < chunks[-1].shape[0] <= 10 and n % 10 != 0
+    assert any("output.lora" in k for k in got[1])  # the output adapter's gradient comes through the chunks
+    _assert_same(ref, got)
+    # Without chunked=True (the DPO shared-prompt path reads whole logits) the head stays one call.
+    m = _model()
+    with target_positions_only(m, keep):
+        assert isinstance(m(tokens), torch.Tensor)
+
+
+def test_chunked_cross_entropy_takes_row_chunks():
+    from hlmtune.training import fastpath
+
+    torch.manual_seed(1)
+    logits = torch.randn(23, 50, dtype=torch.float64)
+    targets = torch.randint(0, 50, (23,))
+    per_row = torch.logsumexp(logits, dim=-1) - logits[torch.arange(23), targets]  # the textbook formula
+    parts = list(logits.split([9, 9, 5]))
+    assert torch.allclose(fastpath.chunked_cross_entropy(parts, targets), per_row.sum(), rtol=1e-12)
+    assert torch.allclose(fastpath.chunked_cross_entropy(parts, targets, reduction="none"), per_row, rtol=1e-12)
+    with pytest.raises(ValueError, match="18 rows, targets 23"):
+        fastpath.chunked_cross_entropy(parts[:2], targets)
+    assert fastpath.ce_chunk_rows(23, 50, torch.device("cpu")) == 0  # fits one chunk
+    monkeypatch_rows = fastpath.CE_CHUNK_ELEMENTS // 8000
+    assert fastpath.ce_chunk_rows(2044, 8000, torch.device("cpu")) == monkeypatch_rows
+    assert fastpath.ce_chunk_rows(2044, 8000, torch.device("meta")) == 0  # not CPU: one call
+
+
 def test_target_logits_applies_only_to_token_mean_cross_entropy():
     from torchtune.modules.loss import CEWithChunkedOutputLoss
 

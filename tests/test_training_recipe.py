@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -236,18 +239,31 @@ def _first_loss(dist_env, tiny_model, text_data_dir, tmp_path, monkeypatch, oned
         r = _recipe("hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed", "tiny_lora",
                     tiny_model, text_data_dir, tmp_path / f"o{onednn}b{blocked}",
                     # packed: rows of 512 whether the real samples or the shorter stand-ins are read
-                    overrides=["batch_size=2", "tokenizer.max_seq_len=512", "dataset.packed=True"])
+                    overrides=["batch_size=2", "tokenizer.max_seq_len=512", "dataset.packed=True",
+                               "metric_logger._component_=hlmtune.profiling.collector.CollectorLogger"])
         try:
             attn = r._model.layers[0].attn
             assert (getattr(attn, "_causal_block", 0) == fastpath.CAUSAL_BLOCK) is (blocked == "1")  # honoured
             assert r._cpu_attention == ("blocked" if blocked == "1" else "sdpa")
             assert r._cpu_attention_why == f"HLM_BLOCKED_ATTENTION={blocked} (no probe)"
+            # oneDNN is honoured whatever the attention probe said (it was skipped with one SDPA
+            # call before 2026-12-02), and run.json names every fast path taken, with why
+            k_proj = attn.k_proj
+            routed = "forward" in k_proj.__dict__ and k_proj.forward.__func__ is fastpath._onednn_linear_forward
+            assert routed is (onednn == "1" and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            assert ("onednn_linear" in r._fast_paths) is routed
+            assert ("blocked_attention" in r._fast_paths) is (blocked == "1")
+            assert {"addmm_lora", "complex_rope", "gqa_attention"} <= set(r._fast_paths)
+            assert all(isinstance(v, str) and v for v in r._fast_paths.values())
             batch = dict(next(iter(r._dataloader)))
             assert batch["tokens"].shape[1] >= 2 * fastpath.CAUSAL_BLOCK  # long enough for the blocks to run
             out = r.train_step(batch)
-            return float(out["loss_sum"]) / float(out["num_tokens"])
+            loss = float(out["loss_sum"]) / float(out["num_tokens"])
         finally:
             r.cleanup()
+        run = json.loads((Path(r._metric_logger.log_dir) / "run.json").read_text())
+        assert run["fast_paths"] == r._fast_paths  # run.json names them, with why
+        return loss
     finally:
         fastpath.onednn_linear_decision.cache_clear()
 

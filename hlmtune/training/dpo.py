@@ -188,12 +188,17 @@ class DPORecipe(RecipeBase):
             ignore = torch.full_like(labels[:, :1], -100)
             shifted = torch.cat([labels[:, 1:], ignore], dim=1)  # (2B, T)
             keep = shifted != -100
-            with self._activations_ctx, target_positions_only(inner, keep):
-                logits = model(input_ids)  # (N, V), N = keep.sum(), row-major
+            with self._activations_ctx, target_positions_only(inner, keep, chunked=True):
+                logits = model(input_ids)  # (N, V) or its row chunks, N = keep.sum(), row-major
             token_logps = -chunked_cross_entropy(logits, shifted[keep], reduction="none")  # (N,)
             rows = keep.nonzero()[:, 0]  # (N,) the row of each kept position
             logps = torch.zeros(input_ids.shape[0], dtype=token_logps.dtype, device=token_logps.device)
             logps = logps.index_add(0, rows, token_logps)  # (2B,)
+            if isinstance(logits, list):  # row chunks: the mean over all of them, as of one tensor
+                total = sum(c.detach().float().sum() for c in logits)
+                mean_logit = total / (keep.sum() * logits[0].shape[-1])
+                del logits
+                return logps[:half], logps[half:], mean_logit
         else:
             with self._activations_ctx:
                 logits = model(input_ids)  # (2B, T, V)

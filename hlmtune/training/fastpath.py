@@ -38,6 +38,8 @@ unmodified modules (tests/test_training_fastpath.py).
   layer reaches the loss; its keys and values still cover every position. Skipped, leaving
   torchtune's layer, where the layer is activation-checkpointed (the recompute would run
   after the block) or compiled, or is not a plain self-attention layer.
+  With ``chunked=True`` (CPU) the output projection runs in the row chunks of
+  :func:`chunked_cross_entropy`, so neither the (N, V) logits nor their gradient is built.
 * :func:`query_logits` (``hlmtune eval``, eager or compiled): a decoder's logits at chosen
   positions only, its last layer as in :func:`target_positions_only`, as one plain function of
   tensors that ``torch.compile`` traces once for fixed shapes.
@@ -729,21 +731,29 @@ def prunable_last_layer(model: torch.nn.Module) -> Any:
 
 
 @contextlib.contextmanager
-def target_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
+def target_positions_only(model: torch.nn.Module, keep: torch.Tensor, *, chunked: bool = False) -> Iterator[None]:
     """Within the block, ``model(...)`` returns fp32 logits of the kept positions only.
 
     The final norm and the output projection run inside the model's forward (so DDP and
     FSDP see every parameter used there), on ``h[keep]`` instead of every position; the
     norm is per position, so selecting first changes nothing but the work.
 
+    With ``chunked`` (on CPU, where the (N, V) logits exceed :data:`CE_CHUNK_ELEMENTS`) the
+    projection runs in row chunks and the forward returns the list of (n_i, V) chunks, for
+    :func:`chunked_cross_entropy`: neither the whole logits nor their whole gradient is ever
+    allocated. One (2044, 8000) gradient assembled from its chunks (autograd's ``split``
+    backward, a ``cat`` into 65 MB of fresh pages) cost 31 ms at one thread, more than the
+    chunks' log-softmax; per chunk the projection's GEMM and the gradient stay cache-sized.
+
     Args:
         model (torch.nn.Module): a torchtune ``TransformerDecoder`` (unwrapped; the call may
             go through a wrapper).
         keep (torch.Tensor): (B, T) bool, True where the shifted label is a target.
+        chunked (bool): return row chunks of the logits where :func:`ce_chunk_rows` says so.
 
     Yields:
-        None: inside, the forward returns (N, V) logits, N = ``keep.sum()``, in row-major
-        order of ``keep`` (the order of ``labels[keep]``).
+        None: inside, the forward returns (N, V) logits (or their row chunks, in order), N =
+        ``keep.sum()``, in row-major order of ``keep`` (the order of ``labels[keep]``).
     """
     own = model.__dict__.get("unembed")
     layer = prunable_last_layer(model) if bool(keep.any()) else None
@@ -769,8 +779,14 @@ def target_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterato
 
         layer.forward = last_layer
 
-    def unembed(h: torch.Tensor) -> torch.Tensor:  # h: (B, T, D), or (B, Tq, D) from last_layer
-        return model.output(model.norm(h[select])).float()  # (N, V)
+    vocab = _vocab_size(model.output) if chunked else None
+
+    def unembed(h: torch.Tensor) -> Any:  # h: (B, T, D), or (B, Tq, D) from last_layer
+        x = model.norm(h[select])  # (N, D)
+        rows = ce_chunk_rows(x.shape[0], vocab, x.device) if vocab else 0
+        if rows:
+            return [model.output(c).float() for c in x.split(rows)]  # [(n_i, V)], sum n_i = N
+        return model.output(x).float()  # (N, V)
 
     model.unembed = unembed
     try:
@@ -873,7 +889,27 @@ def query_logits(model: torch.nn.Module, tokens: torch.Tensor, idx: torch.Tensor
 CE_CHUNK_ELEMENTS = 1 << 21  # rows per chunk x vocabulary; see chunked_cross_entropy
 
 
-def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+def _vocab_size(output: Any) -> Optional[int]:
+    """Rows of an output projection (``nn.Linear``, LoRA or torchtune's ``TiedLinear``), or None."""
+    if isinstance(getattr(output, "out_features", None), int):
+        return output.out_features
+    if isinstance(getattr(output, "out_dim", None), int):  # torchtune LoRALinear
+        return output.out_dim
+    weight = getattr(getattr(output, "tied_module", None), "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else None
+
+
+def ce_chunk_rows(n: int, vocab: int, device: torch.device) -> int:
+    """Rows per chunk of :func:`chunked_cross_entropy` for (n, vocab) logits, or 0 for one call.
+
+    CPU only (measured there; a GPU takes one call), and only where the logits span more than
+    one chunk of :data:`CE_CHUNK_ELEMENTS`.
+    """
+    rows = max(1, CE_CHUNK_ELEMENTS // max(1, vocab))
+    return rows if device.type == "cpu" and n > rows else 0
+
+
+def chunked_cross_entropy(logits: Any, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """Cross-entropy of (N, V) logits over row chunks of about 2M elements (on CPU).
 
     The same values as one ``F.cross_entropy(..., reduction=reduction)`` (each row's term is
@@ -881,10 +917,12 @@ def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction
     each log-softmax and its gradient cache-sized: in a LoRA step at an 8,000-token
     vocabulary, one (2044, 8000) log-softmax forward and backward took 2.6 s per 8 steps,
     torchtune's eight chunks 0.84 s, these chunks under 0.25 s (torch.profiler, one thread;
-    docs/benchmarks.md).
+    docs/benchmarks.md). Logits already in row chunks (``target_positions_only(...,
+    chunked=True)``) are taken as they are, so no (N, V) tensor is built.
 
     Args:
-        logits (torch.Tensor): (N, V) float logits.
+        logits (torch.Tensor | list[torch.Tensor]): (N, V) float logits, or their row chunks
+            [(n_i, V)] in order.
         targets (torch.Tensor): (N,) class indices.
         reduction (str): ``sum`` (a scalar) or ``none`` ((N,) per-row terms).
 
@@ -893,8 +931,15 @@ def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction
     """
     if reduction not in ("sum", "none"):
         raise ValueError(f"reduction={reduction!r}: sum or none")
-    rows = max(1, CE_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
-    if logits.shape[0] <= rows or logits.device.type != "cpu":  # measured on CPU only: GPUs take one call
-        return F.cross_entropy(logits, targets, reduction=reduction)
-    parts = [F.cross_entropy(lc, tc, reduction=reduction) for lc, tc in zip(logits.split(rows), targets.split(rows))]
+    if isinstance(logits, (list, tuple)):
+        chunks = list(logits)
+        if sum(c.shape[0] for c in chunks) != targets.shape[0]:
+            raise ValueError(f"logit chunks hold {sum(c.shape[0] for c in chunks)} rows, targets {targets.shape[0]}")
+        tchunks = targets.split([c.shape[0] for c in chunks])
+    else:
+        rows = ce_chunk_rows(logits.shape[0], logits.shape[-1], logits.device)
+        if not rows:
+            return F.cross_entropy(logits, targets, reduction=reduction)
+        chunks, tchunks = logits.split(rows), targets.split(rows)
+    parts = [F.cross_entropy(lc, tc, reduction=reduction) for lc, tc in zip(chunks, tchunks)]
     return torch.cat(parts) if reduction == "none" else sum(parts)

@@ -141,6 +141,7 @@ class RecipeBase:
         # decided at the first model build by rank 0's probe at the model's shape (run.json).
         self._cpu_attention: Optional[str] = None
         self._cpu_attention_why: Optional[str] = None
+        self._fast_paths: Dict[str, str] = {}  # every model-level fast path taken, with why (run.json)
         if self._device.type == "cpu" and self._dtype == torch.float32 and not self._compile:
             pays, self._cpu_linear_why = rank_zero_value(onednn_linear_decision() if self._is_rank_zero else None)
             self._cpu_linear = "onednn" if pays else "mkl"
@@ -196,9 +197,11 @@ class RecipeBase:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         self._model = self.setup_model(cfg, base_sd)
         del base_sd
-        if self._is_rank_zero and self._cpu_attention and hasattr(self._metric_logger, "log_run_info"):
-            self._metric_logger.log_run_info({"cpu_attention": self._cpu_attention,
-                                              "cpu_attention_why": self._cpu_attention_why})
+        if self._is_rank_zero and hasattr(self._metric_logger, "log_run_info"):
+            info: Dict[str, Any] = {"fast_paths": dict(self._fast_paths)}
+            if self._cpu_attention:
+                info.update(cpu_attention=self._cpu_attention, cpu_attention_why=self._cpu_attention_why)
+            self._metric_logger.log_run_info(info)
         self._loss_fn = config.instantiate(cfg.loss)
         if self._compile:
             training.compile_loss(self._loss_fn, verbose=self._is_rank_zero)
@@ -425,15 +428,22 @@ class RecipeBase:
 
     def _use_fast_paths(self, model: torch.nn.Module) -> None:
         """Same math, less work (``hlmtune/training/fastpath.py``), each where it pays."""
-        if gqa_pays(self._device, self._dtype):
-            use_gqa_attention(model)  # same math as torchtune's attention, no K/V head copies
-        use_addmm_lora(model)  # LoRA's scale and sum inside one GEMM
+        # The unconditional ones do less work on every host (fewer passes or no copies; cleared
+        # at 1 and 2 threads by torch.profiler, docs/benchmarks.md); the probed ones say why.
+        taken = self._fast_paths
+        if gqa_pays(self._device, self._dtype) and use_gqa_attention(model):  # no K/V head copies
+            taken["gqa_attention"] = f"SDPA reads grouped K/V heads on {self._device.type} {self._dtype}"
+        if use_addmm_lora(model):  # LoRA's scale and sum inside one GEMM
+            taken["addmm_lora"] = "one in-place GEMM per adapter instead of a multiply and an add"
         if not self._compile:
-            use_complex_rope(model)  # RoPE as one complex multiply
+            if use_complex_rope(model):  # RoPE as one complex multiply
+                taken["complex_rope"] = "one complex multiply instead of stacked halves (eager)"
             if self._device.type == "cpu" and self._blocked_attention(model):
                 use_blocked_causal_attention(model)  # CPU flash attention: skip the hidden half
-                if self._cpu_linear == "onednn":
-                    use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
+                taken["blocked_attention"] = str(self._cpu_attention_why)
+            if self._device.type == "cpu" and self._cpu_linear == "onednn":
+                use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
+                taken["onednn_linear"] = str(self._cpu_linear_why)
 
     def _blocked_attention(self, model: torch.nn.Module) -> bool:
         """Rank 0's probe of query-block attention at the model's shape, decided once per run, shared."""
@@ -817,8 +827,8 @@ class SFTRecipe(RecipeBase):
             keep = labels != self._loss_fn.ignore_index  # (B, T)
             num_tokens = keep.sum()
             if self._target_logits:  # same loss, no logits for positions without a label
-                with target_positions_only(self._inner_model, keep):
-                    logits = self._model(**batch)  # (N, V), N = num_tokens
+                with target_positions_only(self._inner_model, keep, chunked=True):
+                    logits = self._model(**batch)  # (N, V) or its row chunks, N = num_tokens
                 loss = chunked_cross_entropy(logits, labels[keep])
             else:
                 logits = self._model(**batch)  # (B, T, V) or list of chunks
