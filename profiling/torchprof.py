@@ -70,6 +70,17 @@ def collective_name(key: str) -> Optional[str]:
     return None
 
 
+def _row(cat: str, name: str, s: float, calls: int, denom: float) -> Dict[str, Any]:
+    """One api_summary row: ``seconds`` and their ``share`` of ``denom``."""
+    return {"category": cat, "name": name, "seconds": s, "share": s / denom if denom > 0 else None,
+            "calls": calls, "bytes": None}
+
+
+def _is_op(key: str) -> bool:
+    """An operator event (``aten::mm``, ``c10d::allreduce_``), not a range or a Python frame."""
+    return "::" in key
+
+
 def summarize_events(key_averages: Any, *, wall_s: float, top: int = 15) -> Dict[str, Any]:
     """Rows and headline metrics from ``prof.key_averages()``.
 
@@ -86,11 +97,7 @@ def summarize_events(key_averages: Any, *, wall_s: float, top: int = 15) -> Dict
     self_total = sum(e[3] for e in events)
     rows: List[Dict[str, Any]] = []
     headline: List[Dict[str, Any]] = []
-
-    def row(cat: str, name: str, s: float, calls: int, denom: float) -> Dict[str, Any]:
-        return {"category": cat, "name": name, "seconds": s, "share": s / denom if denom > 0 else None,
-                "calls": calls, "bytes": None}
-
+    row = _row
     by_key = {k: (c, inc, slf) for k, c, inc, slf in events}
     for name in RANGES:
         c, inc, _ = by_key.get(name, (0, 0.0, 0.0))
@@ -109,7 +116,7 @@ def summarize_events(key_averages: Any, *, wall_s: float, top: int = 15) -> Dict
     for name in COLLECTIVES[:3]:
         s, c = coll.get(name, [0.0, 0])
         headline.append(row("collective", f"gloo_{name}", s, int(c), wall_s))
-    ops = sorted((e for e in events if e[0].startswith("aten::") or "::" in e[0]), key=lambda e: -e[3])[:top]
+    ops = sorted((e for e in events if _is_op(e[0])), key=lambda e: -e[3])[:top]
     for k, c, _inc, slf in ops:
         rows.append(row("cpu_op", k, slf, c, self_total))
     kernels = gpu_kernels(key_averages)
@@ -136,13 +143,10 @@ def shape_rows(key_averages: Any, *, top: int, self_total: float) -> List[Dict[s
     Returns:
         List[Dict[str, Any]]: rows with ``input_shapes`` (a list of shapes, one per input).
     """
-    ops = [e for e in key_averages if e.key.startswith("aten::") or "::" in e.key]
-    ops.sort(key=lambda e: -e.self_cpu_time_total)
-    return [{"category": "cpu_op_shape", "name": e.key, "seconds": e.self_cpu_time_total * 1e-6,
-             "share": e.self_cpu_time_total * 1e-6 / self_total if self_total > 0 else None,
-             "calls": int(e.count), "bytes": None, "input_shapes": [list(x) if isinstance(x, (list, tuple)) else x
-                                                                    for x in (e.input_shapes or [])]}
-            for e in ops[:top]]
+    ops = sorted((e for e in key_averages if _is_op(e.key)), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [{**_row("cpu_op_shape", e.key, e.self_cpu_time_total * 1e-6, int(e.count), self_total),
+             "input_shapes": [list(x) if isinstance(x, (list, tuple)) else x for x in (e.input_shapes or [])]}
+            for e in ops]
 
 
 def gpu_kernels(key_averages: Any) -> List[tuple]:

@@ -194,19 +194,15 @@ class DPORecipe(RecipeBase):
             rows = keep.nonzero()[:, 0]  # (N,) the row of each kept position
             logps = torch.zeros(input_ids.shape[0], dtype=token_logps.dtype, device=token_logps.device)
             logps = logps.index_add(0, rows, token_logps)  # (2B,)
-            if isinstance(logits, list):  # row chunks: the mean over all of them, as of one tensor
-                total = sum(c.detach().float().sum() for c in logits)
-                mean_logit = total / (keep.sum() * logits[0].shape[-1])
-                del logits
-                return logps[:half], logps[half:], mean_logit
         else:
             with self._activations_ctx:
                 logits = model(input_ids)  # (2B, T, V)
             keep = torch.cat([labels[:, 1:] != -100, torch.zeros_like(labels[:, :1], dtype=torch.bool)], dim=1)
             logps = rlhf.get_batch_log_probs(logits, labels)  # (2B,)
             logits = logits[keep]  # (N, V): the logged mean covers the same positions on both paths
-        mean_logit = logits.detach().float().mean()
-        del logits
+        chunks = logits if isinstance(logits, list) else [logits]  # row chunks from the fast path, or one tensor
+        mean_logit = sum(c.detach().float().sum() for c in chunks) / sum(c.numel() for c in chunks)
+        del logits, chunks
         return logps[:half], logps[half:], mean_logit
 
     def reference_log_probs(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

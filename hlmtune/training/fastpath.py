@@ -932,10 +932,10 @@ def chunked_cross_entropy(logits: Any, targets: torch.Tensor, reduction: str = "
     if reduction not in ("sum", "none"):
         raise ValueError(f"reduction={reduction!r}: sum or none")
     if isinstance(logits, (list, tuple)):
-        chunks = list(logits)
-        if sum(c.shape[0] for c in chunks) != targets.shape[0]:
-            raise ValueError(f"logit chunks hold {sum(c.shape[0] for c in chunks)} rows, targets {targets.shape[0]}")
-        tchunks = targets.split([c.shape[0] for c in chunks])
+        chunks, sizes = list(logits), [c.shape[0] for c in logits]
+        if sum(sizes) != targets.shape[0]:
+            raise ValueError(f"logit chunks hold {sum(sizes)} rows, targets {targets.shape[0]}")
+        tchunks = targets.split(sizes)
     else:
         rows = ce_chunk_rows(logits.shape[0], logits.shape[-1], logits.device)
         if not rows:
