@@ -573,7 +573,7 @@ def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
     probes = []
 
     def probe(answer, clear=True):
-        def run():
+        def run(shapes=None):
             probes.append(answer)
             return {"onednn": answer, "clear": clear, "ratios": [1.5 if answer else 1.0] * 3, "mkl_ms": 3.0,
                     "onednn_ms": 2.0 if answer else 3.0}
@@ -587,7 +587,7 @@ def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
         monkeypatch.setattr(fastpath, "_probe_onednn", probe(True))
         assert ask() is True and probes == [True]
         kept = json.loads(fastpath.probe_cache_path().read_text())
-        key = fastpath._probe_key()
+        key = f"{fastpath._probe_key()} | linear (1024, 512) x 512"  # the default shape's key
         assert kept[key]["onednn"] is True and kept[key]["mkl_ms"] == 3.0 and "measured" in kept[key]
         assert f"{torch.get_num_threads()} threads" in key and f"torch {torch.__version__}" in key
         # a later run whose timing would say no (a loaded host) takes the kept answer, unmeasured
@@ -610,7 +610,7 @@ def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
         # an unreadable file is measured again and rewritten, not an error
         fastpath.probe_cache_path().write_text("{not json")
         assert ask() is False and probes == [True, False, False]
-        assert json.loads(fastpath.probe_cache_path().read_text())[fastpath._probe_key()]["onednn"] is False
+        assert json.loads(fastpath.probe_cache_path().read_text())[key]["onednn"] is False
     finally:
         fastpath.onednn_linear_decision.cache_clear()
 
@@ -626,7 +626,7 @@ def test_a_borderline_probe_is_this_run_s_only_and_old_entries_are_measured_agai
     calls = []
 
     def ask(found):
-        def probe():
+        def probe(shapes=None):
             calls.append(found)
             return found
         monkeypatch.setattr(fastpath, "_probe_onednn", probe)
@@ -641,7 +641,7 @@ def test_a_borderline_probe_is_this_run_s_only_and_old_entries_are_measured_agai
         assert not fastpath.probe_cache_path().exists()
         assert ask(border)[0] is False and len(calls) == 2
         # an entry written by the one-round probe of before: measured again, then replaced
-        key = fastpath._probe_key()
+        key = f"{fastpath._probe_key()} | linear (1024, 512) x 512"
         fastpath.probe_cache_path().parent.mkdir(parents=True, exist_ok=True)
         fastpath.probe_cache_path().write_text(json.dumps({key: {"onednn": False, "mkl_ms": 2.92, "onednn_ms": 2.55}}))
         clear = {"onednn": True, "clear": True, "ratios": [1.8, 1.7, 1.9], "mkl_ms": 5.9, "onednn_ms": 3.4}
@@ -671,9 +671,64 @@ def test_onednn_probe_measures_both_libraries():
     from hlmtune.training import fastpath
 
     found = fastpath._probe_onednn()
-    # a (1024, 512) x (512, 512) product: well under a second in either library, timed for real
+    # a (1024, 512) x (512, 512) product forward and backward: well under a second either way
     assert isinstance(found["onednn"], bool) and 0 < found["mkl_ms"] < 1000 and 0 < found["onednn_ms"] < 1000
-    assert found["onednn"] is (found["mkl_ms"] >= 1.15 * found["onednn_ms"])
+
+
+@needs_onednn
+def test_onednn_probe_runs_each_shape_forward_and_backward_in_both_libraries(monkeypatch):
+    import torch.nn.functional as F
+
+    from hlmtune.training import fastpath
+
+    seen = {"mkl": [], "onednn": []}
+    backward = {"mkl": 0, "onednn": 0}
+    real_linear, real_apply = F.linear, fastpath._OneDnnLinear.apply
+
+    def recorder(side, fn):
+        def run(x, w, b=None):
+            out = fn(x, w, b)
+            seen[side].append((tuple(x.shape), tuple(w.shape), w.requires_grad, out.requires_grad))
+            if out.requires_grad:
+                out.register_hook(lambda g: backward.__setitem__(side, backward[side] + 1))
+            return out
+        return run
+
+    monkeypatch.setattr(fastpath.F, "linear", recorder("mkl", real_linear))
+    monkeypatch.setattr(fastpath._OneDnnLinear, "apply", recorder("onednn", real_apply))
+    shapes = ((96, 64, 32, False), (40, 8, 64, True))
+    found = fastpath._probe_onednn(shapes)
+    monkeypatch.undo()
+    want = [((96, 64), (32, 64), False, True), ((40, 8), (64, 8), True, True)]
+    for side in ("mkl", "onednn"):
+        # the agreement check (mkl) then rounds x trials timings, every shape in each
+        calls = seen[side][-2 * fastpath.PROBE_ROUNDS * fastpath.PROBE_TRIALS:]
+        assert calls == want * (fastpath.PROBE_ROUNDS * fastpath.PROBE_TRIALS), side
+        assert backward[side] == 2 * fastpath.PROBE_ROUNDS * fastpath.PROBE_TRIALS, side  # every timed product's backward too
+    assert len(found["ratios"]) == fastpath.PROBE_ROUNDS
+
+
+def test_linear_shapes_are_the_model_s_layers_at_a_step_s_rows():
+    from torchtune.models.llama3 import lora_llama3
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+
+    from hlmtune.training import fastpath
+
+    m = lora_llama3(lora_attn_modules=["q_proj", "v_proj"], vocab_size=4096, num_layers=2, num_heads=4, num_kv_heads=2,
+                    embed_dim=128, max_seq_len=256, intermediate_dim=384, lora_rank=8, lora_alpha=16)
+    set_trainable_params(m, get_adapter_params(m))
+    rows = fastpath.PROBE_ROWS  # 1024
+    # by hand: head (128 -> 4096) in the loss's chunks of 2^21 / 4096 = 512 rows; the MLP's
+    # 128 <-> 384; q and o 128x128 (q's base frozen: LoRA), k/v 128 -> 64; LoRA's B (8 -> 128
+    # for q, 8 -> 64 for v) trains, A (128 -> 8) trains: the six largest, largest first
+    assert fastpath.linear_shapes(m) == (
+        (512, 128, 4096, False), (rows, 128, 384, False), (rows, 384, 128, False), (rows, 128, 128, False),
+        (rows, 128, 64, False), (rows, 8, 128, True))
+    # a model whose forward over all shapes would pass PROBE_FLOP: rows scaled down together
+    big = torch.nn.Sequential(torch.nn.Linear(4096, 4096))
+    (shape,) = fastpath.linear_shapes(big)
+    assert shape[1:] == (4096, 4096, True) and abs(shape[0] - fastpath.PROBE_FLOP / (2 * 4096 * 4096)) <= 1  # 238
+    assert fastpath.linear_shapes(torch.nn.Sequential(torch.nn.ReLU())) == fastpath.DEFAULT_LINEAR_SHAPES
 
 
 

@@ -199,15 +199,42 @@ def test_cpu_model_takes_blocked_attention_and_onednn_where_asked(dist_env, tiny
             routed = "forward" in k_proj.__dict__ and k_proj.forward.__func__ is fastpath._onednn_linear_forward
             assert routed is (onednn == "1" and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
             assert getattr(attn.q_proj, "_onednn_base", False) is routed  # the LoRA base product too
-            # the run says which library it multiplied with (run.json), decided before the model
-            assert r.run_info(r._cfg)["cpu_linear"] == ("onednn" if routed else "mkl")
-            assert r.run_info(r._cfg)["cpu_linear_why"] == f"HLM_ONEDNN_LINEAR={onednn}: {'oneDNN' if routed else 'MKL'} (no probe)"
+            # the run says which library it multiplied with (run.json), decided at the model's build
+            assert r._cpu_linear == ("onednn" if routed else "mkl")
+            assert r._cpu_linear_why == f"HLM_ONEDNN_LINEAR={onednn}: {'oneDNN' if routed else 'MKL'} (no probe)"
             out = r.train_step(dict(next(iter(r._dataloader))))
             assert torch.isfinite(out["loss_sum"])
         finally:
             r.cleanup()
     finally:
         fastpath.onednn_linear_decision.cache_clear()
+
+
+def test_the_gemm_probe_times_the_model_s_own_layers(dist_env, tiny_model, text_data_dir, tmp_path, monkeypatch):
+    """Unforced, the recipe asks the oneDNN probe once, at the built model's layer shapes, and honours it."""
+    from hlmtune.training import fastpath, recipe
+
+    monkeypatch.delenv("HLM_ONEDNN_LINEAR", raising=False)
+    monkeypatch.setenv("HLM_BLOCKED_ATTENTION", "0")
+    asked = []
+
+    def decision(shapes):
+        asked.append(shapes)
+        return True, "probed at the model's shapes"
+
+    monkeypatch.setattr(recipe, "onednn_linear_decision", decision)
+    r = _recipe("hlmtune.recipes.lora_finetune_distributed.LoRAFinetuneRecipeDistributed", "tiny_lora",
+                tiny_model, text_data_dir, tmp_path, overrides=["batch_size=2",
+                "metric_logger._component_=hlmtune.profiling.collector.CollectorLogger"])
+    try:
+        assert asked == [fastpath.linear_shapes(r._inner_model)]  # once, at the model it builds
+        k_proj = r._model.layers[0].attn.k_proj
+        assert k_proj.forward.__func__ is fastpath._onednn_linear_forward  # honoured
+        assert r._cpu_linear == "onednn" and r._fast_paths["onednn_linear"] == "probed at the model's shapes"
+    finally:
+        r.cleanup()
+    run = json.loads((Path(r._metric_logger.log_dir) / "run.json").read_text())
+    assert run["cpu_linear"] == "onednn" and run["cpu_linear_why"] == "probed at the model's shapes"
 
 
 def test_the_dataloaders_set_vital_deprecation_is_not_printed():

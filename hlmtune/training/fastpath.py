@@ -15,9 +15,10 @@ unmodified modules (tests/test_training_fastpath.py).
   whole score matrix of a causal call up to 512 keys; attending in blocks of 128 query rows,
   each over the keys it can see, skips most of the hidden half (fwd+bwd 1.15-1.42x at the
   benchmarks' shapes, :data:`CAUSAL_BLOCK`).
-* :func:`use_onednn_linear` (CPU, fp32, eager, where :func:`onednn_linear_pays`): MKL, which
-  ``torch.mm`` calls for fp32 on CPU, picks its kernels by CPU vendor and runs at less than
-  half of oneDNN's speed on AMD hosts; the model's linear layers call oneDNN's GEMM directly
+* :func:`use_onednn_linear` (CPU, fp32, eager, where :func:`onednn_linear_decision` at the model's
+  layer shapes says so): MKL, which ``torch.mm`` calls for fp32 on CPU, picks its kernels by CPU
+  vendor and on some AMD hosts runs at less than half of oneDNN's speed (on others 0.8-0.95 of
+  it); the model's linear layers call oneDNN's GEMM directly
   (forward, input and weight gradients), the same fp32 products in another summation order.
 * :func:`use_addmm_lora`: torchtune's ``LoRALinear`` scales the adapter's full-width output
   (``alpha / rank * lora_b(...)``, one multiply over (tokens, out_dim)) and then adds it to the
@@ -265,15 +266,58 @@ def _probe_key() -> str:
 
 
 PROBE_ROUNDS = 3  # independent rounds (each best of PROBE_TRIALS): a decision holds in every round
-TAKE_AT = 1.15  # oneDNN is taken when MKL's time is at least this multiple of oneDNN's
+# oneDNN is taken when MKL's time is at least this multiple of oneDNN's in every round, timed at
+# the model's own layer shapes, forward and backward (since 2026-12-02, evening: one (1024, 512)
+# x (512, 512) forward product read 0.91-1.00x on a host where the model's layers, forward and
+# backward, ran 1.06-1.14x faster through oneDNN at 2 threads and 1.09x at one; it needed 1.15x).
+TAKE_AT = 1.05
 # Kept for the host only with a margin: every round's ratio outside (KEEP_BELOW, KEEP_ABOVE).
-# A ratio inside it (seen: 1.146x probed while other jobs ran, 2026-12-01) is decided for this
-# run alone (MKL, torch's default path) and measured again by the next run.
-KEEP_BELOW, KEEP_ABOVE = 1.05, 1.30
+# A ratio inside it is decided for this run alone (MKL, torch's default path) and measured again
+# by the next run, so a timing under load does not fix the library for good.
+KEEP_BELOW, KEEP_ABOVE = 1.0, TAKE_AT
+# The probe's products: at most this many distinct layer shapes (the largest), each at the rows
+# a step gives it: PROBE_ROWS rows of tokens, the output projection in the cross-entropy's row
+# chunks (ce_chunk_rows: 262 rows at an 8,000-token vocabulary, where the libraries differ most:
+# oneDNN 1.24x MKL forward at 2 threads, 1.04x at 2,044 rows). Rows are scaled down, to no fewer
+# than 64, where one forward over all shapes would exceed PROBE_FLOP floating-point operations.
+PROBE_SHAPES, PROBE_ROWS, PROBE_FLOP = 6, 1024, 8e9
+# Where no model is given: a (1024, 512) x (512, 512) frozen layer (the probe of before).
+DEFAULT_LINEAR_SHAPES: Tuple[Tuple[int, int, int, bool], ...] = ((1024, 512, 512, False),)
 
 
-def _probe_onednn() -> Dict[str, Any]:
-    """Time MKL's and oneDNN's fp32 GEMM on one layer-sized product, :data:`PROBE_ROUNDS` rounds.
+def linear_shapes(model: torch.nn.Module) -> Tuple[Tuple[int, int, int, bool], ...]:
+    """(rows, in, out, weight trains) of the distinct fp32 layers :func:`use_onednn_linear` would route.
+
+    The largest :data:`PROBE_SHAPES` by ``in x out`` (where a step's GEMM time is), largest first,
+    at the rows a training step of :data:`PROBE_ROWS` tokens gives each (above).
+    """
+    from torchtune.modules.peft import LoRALinear
+
+    vocab = _vocab_size(getattr(model, "output", None))
+    found = set()
+    for m in model.modules():
+        if (type(m) is torch.nn.Linear or (type(m) is LoRALinear and not m._quantize_base)) and \
+                m.weight.dtype == torch.float32:
+            out_dim, in_dim = m.weight.shape
+            found.add((int(in_dim), int(out_dim), bool(m.weight.requires_grad)))
+    shapes = sorted(found, key=lambda s: (-s[0] * s[1], s))[:PROBE_SHAPES]
+    if not shapes:
+        return DEFAULT_LINEAR_SHAPES
+    rows = {s: (ce_chunk_rows(PROBE_ROWS, vocab, torch.device("cpu")) or PROBE_ROWS) if vocab and s[1] == vocab
+            else PROBE_ROWS for s in shapes}
+    scale = min(1.0, PROBE_FLOP / sum(2 * rows[s] * s[0] * s[1] for s in shapes))
+    return tuple((max(64, int(rows[s] * scale)), *s) for s in shapes)
+
+
+def _probe_onednn(shapes: Tuple[Tuple[int, int, int, bool], ...] = DEFAULT_LINEAR_SHAPES) -> Dict[str, Any]:
+    """Time MKL's and oneDNN's fp32 GEMMs at the layer shapes given, :data:`PROBE_ROUNDS` rounds.
+
+    One timing is every shape's forward and backward (input gradient, and the weight's where it
+    trains), as a training step runs them: through ``F.linear`` (MKL) and :class:`_OneDnnLinear`.
+
+    Args:
+        shapes (Tuple[Tuple[int, int, int, bool], ...]): (rows, in, out, weight trains), e.g.
+            from :func:`linear_shapes`.
 
     Returns:
         Dict[str, Any]: ``onednn`` (taken), ``clear`` (every round on one side of the margin
@@ -284,15 +328,27 @@ def _probe_onednn() -> Dict[str, Any]:
     import time
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(1024, 512, generator=g)
-    w = torch.randn(512, 512, generator=g)
+    layers = []
+    for rows, in_dim, out_dim, trains in shapes:
+        x = torch.randn(rows, in_dim, generator=g).requires_grad_()  # (rows, in)
+        w = (torch.randn(out_dim, in_dim, generator=g) / in_dim ** 0.5).requires_grad_(trains)  # (out, in)
+        layers.append((x, w))
     try:
-        ref, got = F.linear(x, w), _mkldnn_linear(x, w, None)
+        for x, w in layers:
+            if not torch.allclose(_mkldnn_linear(x.detach(), w.detach(), None), F.linear(x.detach(), w.detach()),
+                                  rtol=1e-4, atol=1e-4):
+                return {"onednn": False, "clear": True, "why": "oneDNN's product disagrees beyond fp32 rounding"}
     except RuntimeError:  # a build whose oneDNN lacks the op for this CPU
         return {"onednn": False, "clear": True, "why": "oneDNN's linear op fails on this CPU"}
-    if not torch.allclose(got, ref, rtol=1e-4, atol=1e-4):
-        return {"onednn": False, "clear": True, "why": "oneDNN's product disagrees beyond fp32 rounding"}
-    ratios, overall = timing_rounds(lambda: F.linear(x, w), lambda: _mkldnn_linear(x, w, None))
+
+    def step(linear: Any) -> Any:
+        def run() -> None:
+            for x, w in layers:
+                linear(x, w, None).sum().backward()
+                x.grad = w.grad = None
+        return run
+
+    ratios, overall = timing_rounds(step(F.linear), step(_OneDnnLinear.apply))  # best of PROBE_TRIALS
     return {"onednn": min(ratios) >= TAKE_AT, "clear": _clear(ratios), "ratios": [round(r, 3) for r in ratios],
             "mkl_ms": overall[0] * 1e3, "onednn_ms": overall[1] * 1e3}
 
@@ -381,31 +437,40 @@ def _probe_why(found: Dict[str, Any]) -> str:
             f"{len(found['ratios'])} rounds (oneDNN from {TAKE_AT}x in every round): {side}")
 
 
-def onednn_linear_pays() -> bool:
+def onednn_linear_pays(shapes: Tuple[Tuple[int, int, int, bool], ...] = DEFAULT_LINEAR_SHAPES) -> bool:
     """Whether oneDNN's fp32 GEMM is taken on this host and thread count (see :func:`onednn_linear_decision`)."""
-    return onednn_linear_decision()[0]
+    return onednn_linear_decision(shapes)[0]
 
 
-@functools.lru_cache(maxsize=1)
-def onednn_linear_decision() -> Tuple[bool, str]:
+def _shapes_text(shapes: Tuple[Tuple[int, int, int, bool], ...]) -> str:
+    return ", ".join(f"({r}, {i}) x {o}{' trains' if t else ''}" for r, i, o, t in shapes)
+
+
+@functools.lru_cache(maxsize=16)
+def onednn_linear_decision(shapes: Tuple[Tuple[int, int, int, bool], ...] = DEFAULT_LINEAR_SHAPES) -> Tuple[bool, str]:
     """Whether oneDNN's fp32 GEMM beats the default (MKL) one here, and why: (taken, reason).
 
     MKL picks its kernels by CPU vendor: on this project's AMD EPYC hosts it runs fp32 GEMMs at
     96-104 GFLOP/s per core where oneDNN, which picks by instruction set, reaches 185-239
     (2026-11-26, (2048, 512) x (512, 1536), forward, input and weight gradients). On Intel
-    CPUs both are fast and this is expected to say no. Timed on one layer-sized product in
-    :data:`PROBE_ROUNDS` rounds, best of :data:`PROBE_TRIALS` each, interleaved (about 0.25 s);
-    taken when every round has MKL at :data:`TAKE_AT` x oneDNN's time or more, and only if the
-    two results agree to fp32 rounding.
+    CPUs both are fast and this is expected to say no. Timed at the model's layer shapes
+    (``shapes``, from :func:`linear_shapes`), forward and backward, in :data:`PROBE_ROUNDS`
+    rounds, best of :data:`PROBE_TRIALS` each, interleaved (2-4 s at 33M parameters); taken
+    when every round has MKL at :data:`TAKE_AT` x oneDNN's time or more, and only if the two
+    results agree to fp32 rounding.
 
     The two libraries sum in different orders, so the decision changes a run's last bits, and a
     timing taken on a loaded host can flip it: recipes ask on rank 0 only and share its answer,
     and a decision with a margin (every round's ratio outside [:data:`KEEP_BELOW`,
     :data:`KEEP_ABOVE`]) is kept in :func:`probe_cache_path`, keyed by :func:`_probe_key` (CPU,
-    torch, intra-op threads), and reused by every later run (delete the file to measure again).
-    A borderline one is this run's only: MKL, measured again next time. ``HLM_ONEDNN_LINEAR=0``
-    turns it off, ``=1`` on, without the probe or the file. The reason lands in ``run.json``
-    (``cpu_linear_why``).
+    torch, intra-op threads) and the shapes, and reused by every later run (delete the file to
+    measure again). A borderline one is this run's only: MKL, measured again next time.
+    ``HLM_ONEDNN_LINEAR=0`` turns it off, ``=1`` on, without the probe or the file. The reason
+    lands in ``run.json`` (``cpu_linear_why``).
+
+    Args:
+        shapes (Tuple[Tuple[int, int, int, bool], ...]): (rows, in, out, weight trains) per
+            distinct layer (:func:`linear_shapes`).
     """
     import os
 
@@ -423,7 +488,8 @@ def onednn_linear_decision() -> Tuple[bool, str]:
         return on, f"HLM_ONEDNN_LINEAR={forced}: {'oneDNN' if on else 'MKL'} (no probe)"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False, "this torch has no oneDNN linear op: MKL"
-    return kept_decision("onednn_linear", _probe_key(), _probe_onednn, _probe_why, "onednn")
+    key = f"{_probe_key()} | linear {_shapes_text(shapes)}"
+    return kept_decision("onednn_linear", key, lambda: _probe_onednn(shapes), _probe_why, "onednn")
 
 
 def _onednn_linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
@@ -445,8 +511,13 @@ def use_onednn_linear(model: torch.nn.Module) -> int:
     Returns:
         int: how many linear and LoRA base layers now multiply through oneDNN.
     """
+    import os
+
     from torchtune.modules.peft import LoRALinear
 
+    # every rank (only rank 0 probes): before this process's first oneDNN product, as in
+    # onednn_linear_decision, where the reason is
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
     n = 0
     for m in model.modules():
         if type(m) is torch.nn.Linear and "forward" not in m.__dict__:

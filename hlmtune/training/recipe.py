@@ -48,8 +48,8 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import (
-    blocked_attention_decision, chunked_cross_entropy, cpu_model_name, gqa_pays, onednn_linear_decision, target_logits_applies,
-    target_positions_only, use_addmm_lora,
+    blocked_attention_decision, chunked_cross_entropy, cpu_model_name, gqa_pays, linear_shapes, onednn_linear_decision,
+    target_logits_applies, target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
 from hlmtune.training.errors import RunError, install_exit_hook
@@ -132,9 +132,9 @@ class RecipeBase:
         self._compile_mode: str = self.options.compile_mode  # resolved in setup_model (device, wrapper)
         self._cudagraphs: bool = False  # compiled with CUDA graphs: each step marks a new graph replay
         # CPU, fp32, eager: the linear layers' GEMM library ("onednn" or "mkl"; None elsewhere).
-        # Decided once, by rank 0 (a timing probe kept per host: fastpath.onednn_linear_pays)
-        # and shared: the two sum in different orders, and ranks or reruns that chose apart
-        # did not reproduce each other's losses.
+        # Decided at the first model build, by rank 0 (a timing probe at the model's layer
+        # shapes, kept per host: fastpath.onednn_linear_decision) and shared: the two sum in
+        # different orders, and ranks or reruns that chose apart did not reproduce each other's losses.
         self._cpu_linear: Optional[str] = None
         self._cpu_linear_why: Optional[str] = None  # the probe's reason (run.json)
         # CPU, eager: causal attention in query blocks ("blocked") or one SDPA call ("sdpa"),
@@ -142,9 +142,6 @@ class RecipeBase:
         self._cpu_attention: Optional[str] = None
         self._cpu_attention_why: Optional[str] = None
         self._fast_paths: Dict[str, str] = {}  # every model-level fast path taken, with why (run.json)
-        if self._device.type == "cpu" and self._dtype == torch.float32 and not self._compile:
-            pays, self._cpu_linear_why = rank_zero_value(onednn_linear_decision() if self._is_rank_zero else None)
-            self._cpu_linear = "onednn" if pays else "mkl"
         self._ac_every_n: int = self.options.activation_checkpointing.every_n_layers
         self._enable_offload: bool = bool(cfg.get("enable_activation_offloading", False))
         if self._enable_offload and self._device.type != "cuda":
@@ -201,6 +198,8 @@ class RecipeBase:
             info: Dict[str, Any] = {"fast_paths": dict(self._fast_paths)}
             if self._cpu_attention:
                 info.update(cpu_attention=self._cpu_attention, cpu_attention_why=self._cpu_attention_why)
+            if self._cpu_linear:
+                info.update(cpu_linear=self._cpu_linear, cpu_linear_why=self._cpu_linear_why)
             self._metric_logger.log_run_info(info)
         self._loss_fn = config.instantiate(cfg.loss)
         if self._compile:
@@ -267,8 +266,6 @@ class RecipeBase:
             "batch_size": cfg.batch_size,
             "gradient_accumulation_steps": self._gradient_accumulation_steps,
             "data_parallel": self._data_parallel,
-            "cpu_linear": self._cpu_linear,
-            "cpu_linear_why": self._cpu_linear_why,
             "host": socket.gethostname(),
         }
 
@@ -374,11 +371,11 @@ class RecipeBase:
         fsdp = data_parallel == "fsdp"
         model = self._instantiate_model(cfg, meta=fsdp and base_sd is not None)
         model = self.prepare_model(model, cfg)
-        self._use_fast_paths(model)
         if frozen:
             model.requires_grad_(False)
         else:
             self.set_trainable(model)
+        self._use_fast_paths(model)  # after the trainable set: the GEMM probe times what trains
         # Chosen before compiling: auto measures layer 0 eagerly.
         ac_layers = [] if frozen else self.checkpointed_layers(cfg, model, fsdp)
         if self._compile:
@@ -441,9 +438,17 @@ class RecipeBase:
             if self._device.type == "cpu" and self._blocked_attention(model):
                 use_blocked_causal_attention(model)  # CPU flash attention: skip the hidden half
                 taken["blocked_attention"] = str(self._cpu_attention_why)
-            if self._device.type == "cpu" and self._cpu_linear == "onednn":
+            if self._device.type == "cpu" and self._linear_library(model) == "onednn":
                 use_onednn_linear(model)  # oneDNN's fp32 GEMM where MKL's is the slower
                 taken["onednn_linear"] = str(self._cpu_linear_why)
+
+    def _linear_library(self, model: torch.nn.Module) -> Optional[str]:
+        """Rank 0's GEMM-library probe at the model's layer shapes (fp32), decided once per run, shared."""
+        if self._cpu_linear is None and self._dtype == torch.float32:
+            pays, self._cpu_linear_why = rank_zero_value(onednn_linear_decision(linear_shapes(model))
+                                                         if self._is_rank_zero else None)
+            self._cpu_linear = "onednn" if pays else "mkl"
+        return self._cpu_linear
 
     def _blocked_attention(self, model: torch.nn.Module) -> bool:
         """Rank 0's probe of query-block attention at the model's shape, decided once per run, shared."""
