@@ -101,7 +101,7 @@ def row_shape(data: Optional[str], batch: int) -> tuple:
     """(tokens per row, labelled share, where the length came from)."""
     path = Path(data or "", "alpaca_cleaned.jsonl")
     if not data or not path.is_file():
-        return 512, 0.5, "512 tokens (no alpaca_cleaned.jsonl given)"
+        return 512, 0.5, "512 tokens (no alpaca_cleaned.jsonl given); random token ids, 50% labelled"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     template = 30  # tokens of the Alpaca prompt template around instruction and input
     prompt = [(len(r.get("instruction", "")) + len(r.get("input", ""))) / 4 + template for r in rows]
