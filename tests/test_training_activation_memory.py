@@ -140,6 +140,27 @@ def test_choice_follows_the_budget(caplog):
     assert "MemAvailable" in msgs[-1]
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_logits_are_counted_for_a_head_tied_to_the_embeddings(monkeypatch, tied):
+    """torchtune's TiedLinear has neither out_features nor weight: its logits were counted as 0 bytes."""
+    from torchtune.modules import TiedLinear
+
+    from hlmtune.training import activation_memory
+
+    m = _tiny_llama()
+    if tied:  # as torchtune's tied builders set it (TiedLinear is no nn.Module)
+        del m._modules["output"]
+        m.output = TiedLinear(m.tok_embeddings)
+    seen = []
+    real = activation_memory.checkpointed_layer_count
+    monkeypatch.setattr(activation_memory, "checkpointed_layer_count",
+                        lambda n, layer_b, input_b, fixed_b, budget: seen.append(fixed_b) or real(n, layer_b, input_b, fixed_b, budget))
+    choose_checkpointed_layers(m, rows=4, max_seq_len=256, dtype=torch.float32, device=CPU, budget_gib=100.0,
+                               log_fn=lambda _: None)
+    n_train = sum(p.numel() for p in m.parameters() if p.requires_grad)
+    assert seen == [4 * 256 * 512 * 4 * 2 + 3 * n_train * 4]  # fp32 logits + their gradient, vocabulary 512
+
+
 @pytest.mark.parametrize("trainable", ["lora", "qlora"])
 def test_meta_built_model_is_measured_on_a_materialised_copy(trainable, caplog):
     """FSDP builds the model on meta before loading: the probe runs on a real copy of layer 0
