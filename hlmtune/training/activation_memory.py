@@ -255,9 +255,9 @@ def choose_checkpointed_layers(model: torch.nn.Module, *, rows: int, max_seq_len
         return list(range(num_layers))
     layer_b = cost.layer_bytes(rows, max_seq_len)
     input_b = cost.input_bytes(rows, max_seq_len)
-    from hlmtune.training.fastpath import _vocab_size
+    from hlmtune.training.fastpath import output_vocab_size
 
-    vocab = _vocab_size(model.output) or 0  # nn.Linear, LoRA or tied to the embeddings (TiedLinear)
+    vocab = output_vocab_size(model.output) or 0  # nn.Linear, LoRA or tied to the embeddings (TiedLinear)
     head_b = rows * max_seq_len * float(vocab) * 4 * 2  # fp32 logits and their gradient
     elem = torch.empty((), dtype=dtype).element_size()
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -293,7 +293,7 @@ def linear_shapes(model: torch.nn.Module) -> Tuple[Tuple[int, int, int, bool], .
     """
     from torchtune.modules.peft import LoRALinear
 
-    vocab = _vocab_size(getattr(model, "output", None))
+    vocab = output_vocab_size(getattr(model, "output", None))
     found = set()
     for m in model.modules():
         if (type(m) is torch.nn.Linear or (type(m) is LoRALinear and not m._quantize_base)) and \
@@ -850,7 +850,7 @@ def target_positions_only(model: torch.nn.Module, keep: torch.Tensor, *, chunked
 
         layer.forward = last_layer
 
-    vocab = _vocab_size(model.output) if chunked else None
+    vocab = output_vocab_size(model.output) if chunked else None
 
     def unembed(h: torch.Tensor) -> Any:  # h: (B, T, D), or (B, Tq, D) from last_layer
         x = model.norm(h[select])  # (N, D)
@@ -960,7 +960,7 @@ def query_logits(model: torch.nn.Module, tokens: torch.Tensor, idx: torch.Tensor
 CE_CHUNK_ELEMENTS = 1 << 21  # rows per chunk x vocabulary; see chunked_cross_entropy
 
 
-def _vocab_size(output: Any) -> Optional[int]:
+def output_vocab_size(output: Any) -> Optional[int]:
     """Rows of an output projection (``nn.Linear``, LoRA or torchtune's ``TiedLinear``), or None."""
     if isinstance(getattr(output, "out_features", None), int):
         return output.out_features
