@@ -799,3 +799,17 @@ def test_chunked_cross_entropy_equals_the_formula(monkeypatch):
     few = logits[:5]  # under one chunk: one call
     assert torch.allclose(fastpath.chunked_cross_entropy(few, targets[:5]),
                           (torch.logsumexp(few, -1) - few[torch.arange(5), targets[:5]]).sum(), rtol=1e-12)
+
+
+def test_every_rank_routing_through_onednn_bounds_its_primitive_cache(monkeypatch):
+    """Only rank 0 runs the probe, so the routing itself sets the cache size (a user's value stands)."""
+    import os
+
+    from hlmtune.training import fastpath
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    fastpath.use_onednn_linear(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    fastpath.use_onednn_linear(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"

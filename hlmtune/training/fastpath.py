@@ -446,6 +446,20 @@ def _shapes_text(shapes: Tuple[Tuple[int, int, int, bool], ...]) -> str:
     return ", ".join(f"({r}, {i}) x {o}{' trains' if t else ''}" for r, i, o, t in shapes)
 
 
+def _bound_onednn_cache() -> None:
+    """Turn oneDNN's primitive cache off unless the user set its size (before its first use)."""
+    import os
+
+    # oneDNN caches a primitive per GEMM shape (up to 1,024) and, measured on the 26M LoRA
+    # benchmark whose row counts change every step (labelled positions), peak RSS then grew
+    # about 0.03 GiB a step (1.04 -> 1.29 GiB in 8 steps; a 64-entry cache: 1.30); without
+    # the cache it stayed at 1.08-1.19, below MKL's 1.21, at the same step time. Rebuilding
+    # costs 0.07 ms on a (64, 128) x (128, 384) product and 1.5 ms on a (6816, 128) x (128, 384)
+    # one (6.1 ms, still 1.7x faster than MKL's 10.2). Read by oneDNN when its cache is first
+    # made, so set before the probe's first product; a user's own setting stands.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
+
+
 @functools.lru_cache(maxsize=16)
 def onednn_linear_decision(shapes: Tuple[Tuple[int, int, int, bool], ...] = DEFAULT_LINEAR_SHAPES) -> Tuple[bool, str]:
     """Whether oneDNN's fp32 GEMM beats the default (MKL) one here, and why: (taken, reason).
@@ -474,14 +488,7 @@ def onednn_linear_decision(shapes: Tuple[Tuple[int, int, int, bool], ...] = DEFA
     """
     import os
 
-    # oneDNN caches a primitive per GEMM shape (up to 1,024) and, measured on the 26M LoRA
-    # benchmark whose row counts change every step (labelled positions), peak RSS then grew
-    # about 0.03 GiB a step (1.04 -> 1.29 GiB in 8 steps; a 64-entry cache: 1.30); without
-    # the cache it stayed at 1.08-1.19, below MKL's 1.21, at the same step time. Rebuilding
-    # costs 0.07 ms on a (64, 128) x (128, 384) product and 1.5 ms on a (6816, 128) x (128, 384)
-    # one (6.1 ms, still 1.7x faster than MKL's 10.2). Read by oneDNN when its cache is first
-    # made, so set before the probe's first product; a user's own setting stands.
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
+    _bound_onednn_cache()
     forced = os.environ.get("HLM_ONEDNN_LINEAR", "").strip()
     if forced in ("0", "1"):
         on = forced == "1" and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -511,13 +518,9 @@ def use_onednn_linear(model: torch.nn.Module) -> int:
     Returns:
         int: how many linear and LoRA base layers now multiply through oneDNN.
     """
-    import os
-
     from torchtune.modules.peft import LoRALinear
 
-    # every rank (only rank 0 probes): before this process's first oneDNN product, as in
-    # onednn_linear_decision, where the reason is
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
+    _bound_onednn_cache()  # every rank (only rank 0 probes), before its first oneDNN product
     n = 0
     for m in model.modules():
         if type(m) is torch.nn.Linear and "forward" not in m.__dict__:
