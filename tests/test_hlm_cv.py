@@ -15,8 +15,8 @@ import pytest
 
 from hlmtune.hlm import calibrate as cal
 from hlmtune.hlm.cv import (
-    baseline_lines, compare_to_baseline, make_folds, pooled_members, pretrain_fingerprints, pretraining_summary,
-    read_baseline,
+    baseline_lines, compare_to_baseline, make_folds, own_result, pooled_members, pretrain_fingerprints,
+    pretraining_summary, read_baseline, rejected_by_folds,
 )
 
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
@@ -122,6 +122,23 @@ def test_a_run_is_compared_fold_by_fold_with_its_baseline(tmp_path):
     (tmp_path / "y.json").write_text("{")
     with pytest.raises(ValueError, match="y.json: not JSON"):
         read_baseline(tmp_path / "y.json")
+
+
+def test_a_candidate_is_rejected_as_soon_as_the_fold_count_is_out_of_reach():
+    # 3 of 4 needed: one fold below leaves 3 possible; two below leave 2
+    assert not rejected_by_folds([-0.01], 4, 3)
+    assert not rejected_by_folds([-0.01, 0.0], 4, 3)  # equal counts as at
+    assert rejected_by_folds([-0.01, -0.002], 4, 3)
+    assert rejected_by_folds([0.02, -0.01, -0.001], 4, 3)
+    assert rejected_by_folds([-1e-9], 4, 4) and not rejected_by_folds([0.0, 0.0, 0.0], 4, 4)
+    assert not rejected_by_folds([-0.1, -0.1, -0.1], 4, 1) and rejected_by_folds([-0.1] * 4, 4, 1)
+
+
+def test_a_run_may_not_take_its_own_result_as_baseline(tmp_path):
+    out = tmp_path / "cv"
+    assert own_result(out, out) and own_result(out / "cv_metrics.json", out)
+    assert own_result(tmp_path / "x" / ".." / "cv", out)
+    assert not own_result(tmp_path / "cv_b", out) and not own_result(tmp_path / "cv_b" / "cv_metrics.json", out)
 
 
 def _pretrained(fold_dir, payload, name="pretrain"):
@@ -269,6 +286,24 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert json.loads((copy / "cv_metrics.json").read_text())["pooled"] == doc["pooled"]
     links = list((copy / "fold1" / "db").glob("*.dat"))
     assert links and all(p.is_symlink() and p.resolve().is_relative_to(copy.resolve()) for p in links)
+    # --need-folds: a baseline out of reach in fold 1 (2 of 2 needed) stops the run there; fold 2 is
+    # not evaluated again, and the summaries the folder held (the rerun's) are gone, not left to look
+    # like this run's
+    high = json.loads(base.read_text())
+    high["folds"][0]["macro_f1"] = 1.5
+    base.write_text(json.dumps(high))
+    proc = subprocess.run([*cmd[:2], "--out", str(copy), "--baseline", str(base), "--need-folds", "2", *cmd[4:]],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stopped after fold 1 of 2: rejected: 1 of 1 folds below the baseline" in proc.stdout, proc.stdout
+    assert proc.stdout.strip().endswith(f"report: {copy / 'report.md'}")
+    assert proc.stderr.count("evaluation: finished before with these models, kept") == 1
+    assert "fold 2 of 2" not in proc.stderr
+    assert not any((copy / f).exists() for f in ("cv_metrics.json", "calibration.json"))
+    stopped = json.loads((copy / "cv_stopped.json").read_text())
+    assert stopped["stopped"] and stopped["folds_run"] == 1 and stopped["need_folds"] == 2 and stopped["n_folds"] == 2
+    assert stopped["folds"][0]["delta"] == pytest.approx(doc["folds"][0]["macro_f1"] - 1.5)
+    assert (copy / "report.md").read_text().startswith("**STOPPED after fold 1 of 2 (`--need-folds 2`)")
 
 
 def test_bad_cv_arguments_are_one_line(tmp_path):
@@ -278,11 +313,18 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
                            "--baseline", str(other)], capture_output=True, text=True)
     assert proc.returncode == 2 and "fold 1 holds out x1 there" in proc.stderr, proc.stderr
     assert not (tmp_path / "cv" / "fold1").exists()
+    own = tmp_path / "cv" / "cv_metrics.json"  # a finished run's figures: not its own rerun's baseline
+    own.parent.mkdir(exist_ok=True)
+    own.write_text(json.dumps({"folds": [{"held_out": ["x1"]}, {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
     for args in (["--folds", "1", "--source", "synthetic"], ["--nproc", "0"], ["notakeyvalue"], ["lora_rank=4"],
-                 ["--calibrate-classes", "N", "X"], ["--baseline", str(tmp_path / "nothere")]):
+                 ["--calibrate-classes", "N", "X"], ["--baseline", str(tmp_path / "nothere")],
+                 ["--need-folds", "2", "--source", "synthetic", "--folds", "2"],
+                 ["--need-folds", "3", "--folds", "2", "--baseline", str(other)],
+                 ["--baseline", str(own), "--source", "synthetic", "--folds", "2"]):
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert own.exists()  # the refused run took nothing away
 
 
 def test_cv_folds_are_patient_wise_over_both_databases(mitdb_dir, tmp_path):

@@ -25,6 +25,10 @@ Each fold's row names its pretrained models by content (``pretrain_sha256``), an
 says in which folds the baseline's differ: the fine-tunes reproduce bit for bit, but a
 pretraining redone by code that sums in another order is another model (docs/hlm.md measured
 what that alone moves), so a lever is judged against a baseline on the same pretrained models.
+With ``--need-folds M`` beside ``--baseline`` a candidate stops as soon as fewer than M folds can
+still end at or above the baseline (the adoption rule's fold count: docs/hlm.md): its verdict is
+then known without the remaining folds, which on 2 CPU cores are half an hour each. A stopped run
+writes ``cv_stopped.json`` and a report that says so, never ``cv_metrics.json``.
 """
 
 from __future__ import annotations
@@ -377,12 +381,36 @@ def _check_overrides(overrides: Sequence[str]) -> None:
         raise ValueError("fine-tuning overrides: " + "; ".join(e.problems)) from None
 
 
+def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
+                    calibrate_classes: Optional[Sequence[str]], baseline: Optional[Path],
+                    need_folds: Optional[int]) -> Optional[Dict[str, Any]]:
+    """Refuse bad ``hlmtune cv`` input before anything is written; returns the baseline's document.
+
+    Raises:
+        ValueError: naming the flag or key (also :func:`read_baseline`'s errors).
+    """
+    from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
+
+    _check_overrides(finetune_overrides)
+    if calibrate_classes and not set(calibrate_classes) <= set(AAMI_CLASSES):
+        raise ValueError(f"--calibrate-classes: AAMI classes are {' '.join(AAMI_CLASSES)}, got {' '.join(calibrate_classes)}")
+    if need_folds is not None and baseline is None:
+        raise ValueError("--need-folds counts folds at or above a baseline: give --baseline DIR")
+    if need_folds is not None and not 1 <= need_folds <= folds:
+        raise ValueError(f"--need-folds {need_folds}: between 1 and --folds ({folds})")
+    base = read_baseline(Path(baseline)) if baseline is not None else None
+    if baseline is not None and own_result(Path(baseline), out):
+        raise ValueError(f"--baseline {baseline}: that is this run's own result, which the run replaces; "
+                         f"copy the folder and give the copy as --out (cp -r {out} {out}_b)")
+    return base
+
+
 def run_cv(
     *, out: Path, data: Optional[str] = None, source: str = "auto", folds: int = 4, nproc: int = 2,
     pretrain_steps: int = PRETRAIN_STEPS, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
-    pretrain_seed: int = 0, svdb: Optional[str] = "auto",
+    pretrain_seed: int = 0, svdb: Optional[str] = "auto", need_folds: Optional[int] = None,
 ) -> Path:
     """Cross-validate the main job's model inside DS1; returns the report path.
 
@@ -408,26 +436,32 @@ def run_cv(
         baseline (Optional[Path]): an earlier ``hlmtune cv`` folder (or its ``cv_metrics.json``)
             with the same folds: the report and ``cv_metrics.json`` put this run beside it
             (:func:`compare_to_baseline`). Read before any fold trains.
+        need_folds (Optional[int]): with ``baseline``: stop after the fold that leaves fewer than
+            this many folds able to end at or above the baseline's macro-F1
+            (:func:`rejected_by_folds`), writing ``cv_stopped.json`` and a report that says so.
         svdb (Optional[str]): extra training patients of every fold (``auto``: ``$HLM_DATA/svdb``
             with MIT-BIH data; a folder; None / ``none``), as ``hlmtune demo --svdb``; never held out.
     """
     from hlmtune.files import atomic_write_bytes, atomic_write_text, ensure_dir
-    from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
     from hlmtune.hlm import calibrate
     from hlmtune.hlm.pipeline import examples_trained
     from hlmtune.hlm.report import cv_report_markdown
 
-    _check_overrides(finetune_overrides)
-    if calibrate_classes and not set(calibrate_classes) <= set(AAMI_CLASSES):
-        raise ValueError(f"--calibrate-classes: AAMI classes are {' '.join(AAMI_CLASSES)}, got {' '.join(calibrate_classes)}")
-    base = read_baseline(Path(baseline)) if baseline is not None else None
+    base = check_arguments(out=Path(out), folds=folds, finetune_overrides=finetune_overrides,
+                           calibrate_classes=calibrate_classes, baseline=baseline, need_folds=need_folds)
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
     setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline)
+    clear_summaries(out)  # the input is checked: from here the folds run
     job = dict(nproc=nproc, pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval, force=force,
                finetune_overrides=finetune_overrides)
-    res = run_folds(setup, out, **job)
+    stop = None if need_folds is None else ([row["macro_f1"] for row in base["folds"]], need_folds)
+    res = run_folds(setup, out, stop=stop, **job)
+    if res.stopped_after is not None:
+        return write_stopped(out, res, base, source=str(baseline), need_folds=need_folds,
+                             described=setup.described, wall_s=time.perf_counter() - t0,
+                             finetune_overrides=finetune_overrides)
     summary = {
         # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
         "n_folds": folds, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
@@ -435,12 +469,8 @@ def run_cv(
         "finetune_overrides": list(finetune_overrides),
         "calibrate_classes": list(calibrate_classes) if calibrate_classes else list(res.classes),
     }
-    doc, bias = pool_folds(res, calibrate_classes=calibrate_classes)
-    doc = {"data": setup.described, "classes": res.classes, "folds": res.rows, **doc, **summary,
-           "cv_macro_f1_uncalibrated": doc["pooled"]["macro_f1"],
-           "cv_macro_f1_nested_calibration": doc["pooled_nested_calibration"]["macro_f1"],
-           "cv_macro_f1_fitted_in_sample": doc["pooled_fitted_in_sample"]["macro_f1"],
-           "wall_s": time.perf_counter() - t0}
+    doc, bias = pooled_document(res, setup.described, summary=summary, calibrate_classes=calibrate_classes,
+                                wall_s=time.perf_counter() - t0)
     calibrate.write_calibration(out / "calibration.json", classes=res.classes, bias=bias, records=list(setup.pool),
                                 source=f"hlmtune cv: out-of-fold predictions of {folds}-fold CV on {setup.described}",
                                 summary={k: doc[k] for k in (*summary, "cv_macro_f1_uncalibrated",
@@ -454,6 +484,84 @@ def run_cv(
         doc["baseline"] = cmp
     atomic_write_bytes(out / "cv_metrics.json", (json.dumps(doc, indent=1) + "\n").encode())
     atomic_write_text(out / "report.md", cv_report_markdown(doc, members=members, baseline=baseline_lines(cmp) if cmp is not None else []))
+    return out / "report.md"
+
+
+def pooled_document(res: "FoldResults", described: str, *, summary: Dict[str, Any],
+                    calibrate_classes: Optional[Sequence[str]], wall_s: float) -> Tuple[Dict[str, Any], np.ndarray]:
+    """``cv_metrics.json``'s content (before the members and the baseline join it) and the class bias."""
+    doc, bias = pool_folds(res, calibrate_classes=calibrate_classes)
+    return {"data": described, "classes": res.classes, "folds": res.rows, **doc, **summary,
+            "cv_macro_f1_uncalibrated": doc["pooled"]["macro_f1"],
+            "cv_macro_f1_nested_calibration": doc["pooled_nested_calibration"]["macro_f1"],
+            "cv_macro_f1_fitted_in_sample": doc["pooled_fitted_in_sample"]["macro_f1"],
+            "wall_s": wall_s}, bias
+
+
+SUMMARIES = ("cv_metrics.json", "cv_stopped.json", "report.md", "calibration.json")
+
+
+def clear_summaries(out: Path) -> None:
+    """Remove the job-level results an earlier run (or the baseline folder this one was copied
+    from) left in ``out``: until this run writes its own, none may look like this run's. The
+    folds' stages stay (they are what a rerun resumes from); these files are made from them."""
+    for name in SUMMARIES:
+        (out / name).unlink(missing_ok=True)
+
+
+def own_result(baseline: Path, out: Path) -> bool:
+    """Whether ``baseline`` names ``out`` itself or its ``cv_metrics.json`` (which the run clears)."""
+    b, o = baseline.resolve(), out.resolve()
+    return b == o or b == o / "cv_metrics.json"
+
+
+def rejected_by_folds(deltas: Sequence[float], n_folds: int, need: int) -> bool:
+    """Whether folds scored so far already rule out ``need`` of ``n_folds`` at or above the baseline.
+
+    Args:
+        deltas (Sequence[float]): macro-F1 minus the baseline's, of the folds finished (0 counts as at).
+        n_folds (int): K, all folds of the run.
+        need (int): folds the rule needs at or above the baseline.
+
+    Returns:
+        bool: True once more than ``n_folds - need`` folds are below: the folds still to run cannot
+        lift the count to ``need``, so the rule's verdict (rejected) is known.
+    """
+    return sum(d < 0 for d in deltas) > n_folds - need
+
+
+def write_stopped(out: Path, res: "FoldResults", base: Dict[str, Any], *, source: str, need_folds: int,
+                  described: str, wall_s: float, finetune_overrides: Sequence[str]) -> Path:
+    """``cv_stopped.json`` and ``report.md`` of a run stopped by ``--need-folds``; returns the report."""
+    from hlmtune.files import atomic_write_bytes, atomic_write_text
+
+    k, n = len(res.rows), len(base["folds"])
+    folds = [{"fold": r["fold"], "held_out": r["held_out"], "macro_f1": r["macro_f1"], "baseline": b["macro_f1"],
+              "delta": r["macro_f1"] - b["macro_f1"], "per_class": r["per_class"],
+              "pretrain_sha256": r["pretrain_sha256"]} for r, b in zip(res.rows, base["folds"])]
+    below = sum(f["delta"] < 0 for f in folds)
+    doc = {"stopped": True, "data": described, "baseline": source, "need_folds": need_folds, "n_folds": n,
+           "folds_run": k, "folds_below": below, "finetune_overrides": list(finetune_overrides), "folds": folds,
+           "wall_s": wall_s,
+           "verdict": f"rejected: {below} of {k} folds below the baseline, so at most {n - below} of {n} can be at or "
+                      f"above it (the rule needs {need_folds})"}
+    atomic_write_bytes(out / "cv_stopped.json", (json.dumps(doc, indent=1) + "\n").encode())
+    lines = [
+        f"**STOPPED after fold {k} of {n} (`--need-folds {need_folds}`): not a complete cross-validation.** "
+        f"Folds {k + 1}-{n} were not run with these settings; no pooled figures exist. DS2 was not read.",
+        "",
+        f"# HLM cross-validation against `{source}`: {doc['verdict']}",
+        "",
+        f"Data: {described}." + (f" Overrides: `{' '.join(finetune_overrides)}`." if finetune_overrides else ""),
+        "",
+        "| fold | macro-F1 | baseline | difference |",
+        "|---|---|---|---|",
+        *[f"| {f['fold']} | {f['macro_f1']:.3f} | {f['baseline']:.3f} | {f['delta']:+.3f} |" for f in folds],
+        "",
+        "Rerun without `--need-folds` to run the remaining folds (the finished ones are kept).",
+        "",
+    ]
+    atomic_write_text(out / "report.md", "\n".join(lines))
     return out / "report.md"
 
 
@@ -517,10 +625,15 @@ class FoldResults:
     ratios: List[Optional[np.ndarray]] = field(default_factory=list)
     rows: List[Dict[str, Any]] = field(default_factory=list)
     metrics: List[Dict[str, Any]] = field(default_factory=list)
+    stopped_after: Optional[int] = None  # the fold after which ``--need-folds`` stopped the run
 
 
-def run_folds(setup: CVSetup, out: Path, **job: Any) -> FoldResults:
-    """Stage 2: the main job's stages on each fold (its held-out patients as the test split)."""
+def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[float], int]] = None,
+              **job: Any) -> FoldResults:
+    """Stage 2: the main job's stages on each fold (its held-out patients as the test split).
+
+    ``stop``: (the baseline's fold macro-F1s, folds needed at or above them): the folds end as
+    soon as :func:`rejected_by_folds` says the rest cannot change the verdict."""
     from hlmtune.hlm.evaluate import headline
     from hlmtune.hlm.pipeline import run_pipeline
 
@@ -543,6 +656,13 @@ def run_folds(setup: CVSetup, out: Path, **job: Any) -> FoldResults:
         res.rows.append({"fold": k + 1, "held_out": held, "train": train, "n": r["n"], "macro_f1": r["macro_f1"],
                          "per_class": r["per_class"],
                          "pretrain_sha256": pretrain_fingerprints(fold_dir, int(job["pretrainings"]))})
+        if stop is not None:
+            deltas = [row["macro_f1"] - b for row, b in zip(res.rows, stop[0])]
+            if k + 1 < len(setup.parts) and rejected_by_folds(deltas, len(setup.parts), stop[1]):
+                _say(f"stopping after fold {k + 1}: {sum(d < 0 for d in deltas)} folds below the baseline, "
+                     f"so fewer than {stop[1]} of {len(setup.parts)} can end at or above it (--need-folds)")
+                res.stopped_after = k + 1
+                break
     return res
 
 
@@ -587,12 +707,14 @@ def register(subparsers: Any) -> None:
             "read. Fine-tuning overrides after the flags apply to every fold (e.g. dataset.next_rr=False)."
         ),
         epilog=(
-            "examples (MIT-BIH from $HLM_DATA/mitdb; about 40 min on 2 CPU cores, 70 with --seeds 3):\n"
+            "examples (MIT-BIH from $HLM_DATA/mitdb and svdb beside it; about 85 min on 2 CPU cores with --seeds 3):\n"
             "  hlmtune cv --out outputs/cv                                  # the shipped settings\n"
             "  hlmtune cv --out outputs/cv dataset.premature_synth=0.2     # same folds and pretrained models,\n"
             "                                                               # new fine-tunes: a setting scored\n"
             "  cp -r outputs/cv outputs/cv_b && hlmtune cv --out outputs/cv_b --baseline outputs/cv \\\n"
             "      dataset.premature_synth=0.2    # the same, keeping outputs/cv's fine-tunes, reported beside them\n"
+            "  ... --baseline outputs/cv --need-folds 3 dataset.premature_synth=0.2   # stop once 3 of 4 folds at or\n"
+            "                                                               # above the baseline is out of reach\n"
             "  hlmtune cv --out outputs/cv_p1 --pretrain-seed 1            # the same folds, another set of "
             "pretrained models\n"
             "                                                               # (a setting's gain replicated there?)\n"
@@ -614,6 +736,11 @@ def register(subparsers: Any) -> None:
                         "(per fold, pooled, members' mean), counts the folds at or above it, and names the folds whose "
                         "pretrained models differ from this run's (checkpoint bytes): judge a setting against a "
                         "baseline on the same pretrained models")
+    p.add_argument("--need-folds", type=int, default=None, metavar="M",
+                   help="with --baseline: stop as soon as fewer than M folds can still end at or above the baseline's "
+                        "macro-F1 (the adoption rule's count, e.g. 3 of 4 in docs/hlm.md): the candidate is rejected "
+                        "without its remaining folds; writes cv_stopped.json and a report marked STOPPED (rerun "
+                        "without it to finish the folds)")
     add_job_arguments(p, out="outputs/cv", each=" per fold")
     p.set_defaults(func=lambda args: _main(args, run_job))
 
@@ -630,8 +757,14 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
                         model=args.model, seeds=args.seeds, pretrainings=args.pretrainings, pretrain_seed=args.pretrain_seed,
                         max_eval=args.max_eval, force=args.force,
                         finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
-                        baseline=args.baseline, svdb=args.svdb)
+                        baseline=args.baseline, svdb=args.svdb, need_folds=args.need_folds)
         from hlmtune.hlm.evaluate import class_table
+
+        stopped = report.parent / "cv_stopped.json"
+        if stopped.exists():
+            print(f"stopped after fold {json.loads(stopped.read_text())['folds_run']} of {args.folds}: "
+                  f"{json.loads(stopped.read_text())['verdict']}")
+            return report
 
         doc = json.loads((report.parent / "cv_metrics.json").read_text())
         print(f"pooled out-of-fold predictions, {args.folds} folds of the training patients of {doc['data']} "
