@@ -510,7 +510,8 @@ def use_onednn_linear(model: torch.nn.Module) -> int:
     Exact ``nn.Linear`` modules (projections, MLP, output, LoRA's A and B) take
     :func:`_onednn_linear_forward`; ``LoRALinear`` modules already on :func:`_addmm_lora_forward`
     run their (unquantized) base product through :func:`onednn_linear`. QAT's fake-quantized
-    and NF4 layers are left alone. The caller checks :func:`onednn_linear_pays` (CPU, fp32, eager).
+    and NF4 layers are left alone. The caller decides with :func:`onednn_linear_decision` at the
+    model's :func:`linear_shapes` (CPU, fp32, eager).
 
     Args:
         model (torch.nn.Module): the unwrapped torchtune model, before compile.
