@@ -1,4 +1,5 @@
-"""Subcommands of the Heart Language Model: ``hlmtune eval``, ``hlmtune demo`` (the main job) and ``hlmtune cv``.
+"""Subcommands of the Heart Language Model: ``hlmtune eval``, ``hlmtune demo`` (the main job), ``hlmtune cv``
+and ``hlmtune select`` (a plan of cv candidates).
 
 Imports nothing heavy at module top (``hlmtune --help`` stays fast).
 """
@@ -9,9 +10,10 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    """Add ``eval``, ``demo`` and ``cv``."""
-    from hlmtune.hlm import cv, evaluate, pipeline
+    """Add ``eval``, ``demo``, ``cv`` and ``select``."""
+    from hlmtune.hlm import cv, evaluate, pipeline, select
 
     evaluate.register(subparsers)
     pipeline.register(subparsers)
     cv.register(subparsers)
+    select.register(subparsers)

@@ -844,16 +844,23 @@ def run_job(prog: str, args: argparse.Namespace, job: Any) -> int:
     if bad:
         print(f"hlmtune {prog}: {bad}", file=sys.stderr)
         return 2
+    status, report = exit_status(prog, job)
+    if status == 0:
+        print(f"report: {report}")
+    return status
+
+
+def exit_status(prog: str, job: Any) -> Tuple[int, Any]:
+    """Run ``job()``: ``(0, its result)``, or the error as one line and ``(2, None)`` for bad input
+    (:data:`JOB_INPUT_ERRORS`), ``(1, None)`` for a failed stage (``RuntimeError``)."""
     try:
-        report = job()
+        return 0, job()
     except JOB_INPUT_ERRORS as e:
-        print(f"hlmtune {prog}: {e}", file=sys.stderr)
-        return 2
+        status, message = 2, str(e)
     except RuntimeError as e:
-        print(f"hlmtune {prog}: {e}", file=sys.stderr)
-        return 1
-    print(f"report: {report}")
-    return 0
+        status, message = 1, str(e)
+    print(f"hlmtune {prog}: {message}", file=sys.stderr)
+    return status, None
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -1,0 +1,457 @@
+"""``hlmtune select``: run a model-selection plan of ``hlmtune cv`` candidates, in order, by its rule.
+
+A plan (YAML, written before its runs) names a baseline, an ordered list of candidate settings
+and the adoption rule (docs/hlm.md: a candidate replaces the baseline when its pooled ensemble
+macro-F1 is at least ``min_gain`` above the baseline's and at least ``min_folds`` folds are at or
+above the baseline's)::
+
+    cv: [--folds, "4", --seeds, "3"]           # flags of every `hlmtune cv` run of the plan
+    env: {HLM_ONEDNN_LINEAR: "0"}              # environment of every run
+    rule: {min_gain: 0.015, min_folds: 3}
+    baseline: {overrides: []}
+    candidates:
+      - {name: examples36k, overrides: [dataset.num_examples=36000], why: "..."}
+      - {name: pretrain1200, flags: [--pretrain-steps, "1200"]}
+
+The job folder ``--out`` holds ``baseline/`` (the baseline's ``hlmtune cv`` folder), one folder
+per candidate, ``verdicts.jsonl`` (one row per judged candidate, appended as each is judged) and
+``plan.md`` (every verdict so far and the settings the plan has adopted). Each candidate runs on a
+copy of the current baseline's folder (the same folds and, unless it changes the pretraining, the
+same pretrained models) with ``--baseline`` and ``--need-folds min_folds``, so a candidate that
+cannot meet the fold count stops early. An adopted candidate's folder becomes the baseline, and
+its overrides and flags join every later candidate's command. A rerun resumes: judged candidates
+are read back from ``verdicts.jsonl`` (and checked against the plan: a plan changed after a
+verdict is refused), a cut ``hlmtune cv`` keeps its finished stages. DS2 is never read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+PLANS_DIR = Path(__file__).parent / "plans"
+PLAN_KEYS = ("description", "cv", "env", "rule", "baseline", "candidates")
+RULE_KEYS = ("min_gain", "min_folds")
+RUN_KEYS = ("name", "overrides", "flags", "why")
+# flags the driver sets itself: a plan naming them would judge against the wrong folder
+OWNED_FLAGS = ("--out", "--baseline", "--need-folds")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+Runner = Callable[[List[str], Dict[str, str], Path], int]
+
+
+def _say(msg: str) -> None:
+    print(f"[hlmtune select] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run of a plan: ``hlmtune cv`` flags and fine-tuning overrides (``key=value``)."""
+
+    name: str
+    overrides: Tuple[str, ...] = ()
+    flags: Tuple[str, ...] = ()
+    why: str = ""
+
+    def words(self) -> str:
+        """The setting as one line (flags, then overrides), ``shipped`` when it has neither."""
+        return " ".join((*self.flags, *self.overrides)) or "shipped"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parsed plan file (:func:`load_plan`)."""
+
+    source: Path
+    cv: Tuple[str, ...]
+    env: Dict[str, str]
+    min_gain: float
+    min_folds: int
+    baseline: Setting
+    candidates: Tuple[Setting, ...]
+    description: str = ""
+
+
+def _closest(name: str, choices: Sequence[str]) -> str:
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _check_keys(where: str, mapping: Any, allowed: Sequence[str]) -> Dict[str, Any]:
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(mapping).__name__}")
+    for key in mapping:
+        if key not in allowed:
+            raise ValueError(f"{where}: unknown key {key!r}{_closest(str(key), allowed)}; known: {', '.join(allowed)}")
+    return mapping
+
+
+def _words(where: str, value: Any) -> Tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+        raise ValueError(f"{where}: expected a list of strings, got {value!r}")
+    return tuple(str(v) for v in value)
+
+
+def _setting(where: str, raw: Any, *, name: Optional[str] = None) -> Setting:
+    raw = _check_keys(where, raw, RUN_KEYS)
+    name = name or raw.get("name")
+    if not isinstance(name, str) or not NAME.match(name) or name == "baseline":
+        raise ValueError(f"{where}.name: a folder name (letters, digits, _ . -; not 'baseline'), got {name!r}")
+    overrides = _words(f"{where}.overrides", raw.get("overrides"))
+    flags = _words(f"{where}.flags", raw.get("flags"))
+    for o in overrides:
+        if "=" not in o or o.startswith("-"):
+            raise ValueError(f"{where}.overrides: {o!r} is not key=value (cv flags go under 'flags')")
+    _check_flags(f"{where}.flags", flags)
+    return Setting(name=name, overrides=overrides, flags=flags, why=str(raw.get("why", "")))
+
+
+def _check_flags(where: str, flags: Sequence[str]) -> None:
+    if flags and not flags[0].startswith("--"):
+        raise ValueError(f"{where}: starts with {flags[0]!r}, not a --flag")
+    for f in flags:
+        if f.split("=")[0] in OWNED_FLAGS:
+            raise ValueError(f"{where}: {f.split('=')[0]} is set by hlmtune select itself")
+
+
+def _flag_value(flags: Sequence[str], flag: str, default: int) -> int:
+    value = default
+    for i, f in enumerate(flags):
+        if f == flag and i + 1 < len(flags):
+            value = int(flags[i + 1])
+        elif f.startswith(flag + "="):
+            value = int(f.split("=", 1)[1])
+    return value
+
+
+def load_plan(path: Path) -> Plan:
+    """Read and check a plan file.
+
+    Args:
+        path (Path): the YAML plan (:data:`PLANS_DIR` holds the packaged ones).
+
+    Returns:
+        Plan: the plan, every list as tuples.
+
+    Raises:
+        ValueError: a malformed plan, naming the file and the key (with the closest known key for
+            a typo), a duplicate candidate name, a rule outside its range, or a flag the driver owns.
+    """
+    where = str(path)
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: not YAML: {e}".splitlines()[0]) from e
+    raw = _check_keys(where, raw, PLAN_KEYS)
+    rule = _check_keys(f"{where}: rule", raw.get("rule", {}), RULE_KEYS)
+    cv = _words(f"{where}: cv", raw.get("cv"))
+    _check_flags(f"{where}: cv", cv)
+    env = raw.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, (str, int)) for k, v in env.items()):
+        raise ValueError(f"{where}: env: expected NAME: value strings, got {env!r}")
+    cands = raw.get("candidates")
+    if not isinstance(cands, list) or not cands:
+        raise ValueError(f"{where}: candidates: expected a non-empty list of {{name, overrides, flags}}")
+    candidates = tuple(_setting(f"{where}: candidates[{i}]", c) for i, c in enumerate(cands))
+    names = [c.name for c in candidates]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{where}: candidates: the name {dup[0]!r} is used twice (each names a folder)")
+    empty = [c.name for c in candidates if not c.overrides and not c.flags]
+    if empty:
+        raise ValueError(f"{where}: candidates: {empty[0]!r} has neither overrides nor flags (it is the baseline)")
+    folds = _flag_value(cv, "--folds", 4)
+    min_gain, min_folds = rule.get("min_gain", 0.015), rule.get("min_folds", folds)
+    if not isinstance(min_gain, (int, float)) or isinstance(min_gain, bool):
+        raise ValueError(f"{where}: rule.min_gain: a number, got {min_gain!r}")
+    if not isinstance(min_folds, int) or not 1 <= min_folds <= folds:
+        raise ValueError(f"{where}: rule.min_folds: between 1 and the plan's {folds} folds, got {min_folds!r}")
+    return Plan(source=Path(path), cv=cv, env={k: str(v) for k, v in env.items()}, min_gain=float(min_gain),
+                min_folds=min_folds, baseline=_setting(f"{where}: baseline", raw.get("baseline") or {}, name="base"),
+                candidates=candidates, description=str(raw.get("description", "")).strip())
+
+
+def resolve_plan(name: str) -> Path:
+    """A plan file: a path, or the stem of a packaged plan (``hlm_61_patients``)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    packaged = {p.stem: p for p in sorted(PLANS_DIR.glob("*.yaml"))}
+    if name in packaged:
+        return packaged[name]
+    raise ValueError(f"no plan file {name!r}{_closest(name, list(packaged))}; packaged plans: {', '.join(packaged)}")
+
+
+def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
+    """Judge a finished candidate by the plan's rule from its ``hlmtune cv`` folder.
+
+    Args:
+        run_dir (Path): the candidate's folder (``cv_metrics.json``, or ``cv_stopped.json`` when
+            ``--need-folds`` stopped it).
+        base_dir (Path): the baseline folder it was run against (checked against the file's own).
+        plan (Plan): the rule.
+
+    Returns:
+        Dict: ``adopted``, ``pooled_macro_f1`` / ``baseline_macro_f1`` / ``pooled_delta`` (None when
+        stopped), ``folds_at_or_above``, ``fold_deltas``, ``stopped_after_fold`` (None when every
+        fold ran), ``s_f1`` / ``v_f1`` (this run, baseline; None when stopped).
+
+    Raises:
+        ValueError: neither file exists, or the run was judged against another baseline.
+    """
+    stopped, done = run_dir / "cv_stopped.json", run_dir / "cv_metrics.json"
+    if stopped.exists():
+        doc = json.loads(stopped.read_text())
+        _same_baseline(doc["baseline"], base_dir, stopped)
+        deltas = [f["delta"] for f in doc["folds"]]
+        return {"adopted": False, "pooled_macro_f1": None, "baseline_macro_f1": None, "pooled_delta": None,
+                "folds_at_or_above": sum(d >= 0 for d in deltas), "fold_deltas": deltas,
+                "stopped_after_fold": doc["folds_run"], "s_f1": None, "v_f1": None}
+    if not done.exists():
+        raise ValueError(f"{run_dir}: no cv_metrics.json or cv_stopped.json (the hlmtune cv run did not finish)")
+    cmp = json.loads(done.read_text()).get("baseline")
+    if cmp is None:
+        raise ValueError(f"{done}: run without --baseline, so it cannot be judged")
+    _same_baseline(cmp["source"], base_dir, done)
+    pooled, deltas = cmp["pooled"], [f["delta"] for f in cmp["folds"]]
+    f1 = lambda c: [pooled["f1"][c]["this"], pooled["f1"][c]["baseline"]] if c in pooled["f1"] else None  # noqa: E731
+    return {"adopted": pooled["delta"] >= plan.min_gain and cmp["folds_at_or_above"] >= plan.min_folds,
+            "pooled_macro_f1": pooled["macro_f1"], "baseline_macro_f1": pooled["baseline"],
+            "pooled_delta": pooled["delta"], "folds_at_or_above": cmp["folds_at_or_above"], "fold_deltas": deltas,
+            "stopped_after_fold": None, "s_f1": f1("S"), "v_f1": f1("V")}
+
+
+def _same_baseline(source: str, base_dir: Path, where: Path) -> None:
+    src = Path(source).resolve()
+    if src not in (base_dir.resolve(), (base_dir / "cv_metrics.json").resolve()):
+        raise ValueError(f"{where}: judged against {source}, but the plan's baseline here is {base_dir}")
+
+
+def run_process(cmd: List[str], env: Dict[str, str], log: Path) -> int:
+    """Run one ``hlmtune cv`` with its output appended to ``log``; returns its exit status."""
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def cv_command(plan: Plan, out: Path, setting: Setting, carried: Setting, base: Optional[Path]) -> List[str]:
+    """The ``hlmtune cv`` command of one run: plan flags, adopted then own flags and overrides."""
+    cmd = [sys.executable, "-m", "hlmtune.cli", "cv", "--out", str(out), *plan.cv, *carried.flags, *setting.flags]
+    if base is not None:
+        cmd += ["--baseline", str(base), "--need-folds", str(plan.min_folds)]
+    return [*cmd, *carried.overrides, *setting.overrides]
+
+
+def _copy_of(base: Path, dest: Path) -> None:
+    """``dest`` as a copy of the baseline's folder, complete or absent (copied beside, then renamed)."""
+    if dest.exists():
+        return
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(base, tmp, symlinks=True)
+    tmp.rename(dest)
+
+
+def _read_verdicts(path: Path) -> Dict[str, Dict[str, Any]]:
+    rows: Dict[str, Dict[str, Any]] = {}
+    if path.exists():
+        for i, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: row {i} is not JSON ({e.msg}): remove it and rerun") from e
+            rows[row["name"]] = row
+    return rows
+
+
+def _check_row(row: Dict[str, Any], cand: Setting, carried: Setting, path: Path) -> None:
+    planned = {"overrides": list(cand.overrides), "flags": list(cand.flags),
+               "carried": [*carried.flags, *carried.overrides]}
+    ran = {k: row.get(k) for k in planned}
+    if ran != planned:
+        raise ValueError(f"{path}: {cand.name!r} was judged with {ran}, the plan now says {planned}: a plan is "
+                         "written before its runs (start a new --out for a new plan)")
+
+
+def _append(path: Path, row: Dict[str, Any]) -> None:
+    with open(path, "a") as f:  # one whole line per verdict, on disk before the next candidate starts
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _run(name: str, cmd: List[str], env: Dict[str, str], log: Path, runner: Runner) -> float:
+    _say(f"{name}: hlmtune cv ... (log: {log})")
+    t0 = time.time()
+    rc = runner(cmd, env, log)
+    if rc != 0:
+        raise RuntimeError(f"{name}: hlmtune cv exited with {rc}; its output is in {log} (a rerun resumes)")
+    return time.time() - t0
+
+
+def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candidates: Optional[int] = None,
+             dry_run: bool = False) -> List[Dict[str, Any]]:
+    """Run the baseline, then each candidate not yet judged, by the plan's rule.
+
+    Args:
+        plan (Plan): the plan.
+        out (Path): the job folder (``baseline/``, one folder per candidate, ``verdicts.jsonl``, ``plan.md``).
+        runner (Runner): runs one ``hlmtune cv`` command (tests pass a fake).
+        max_candidates (Optional[int]): judge at most this many new candidates in this call.
+        dry_run (bool): print the next command instead of running anything.
+
+    Returns:
+        List[Dict]: the verdict rows, in plan order (judged before or now).
+
+    Raises:
+        ValueError: a verdict file that does not match the plan, or a run judged against another
+            baseline.
+        RuntimeError: an ``hlmtune cv`` run failed (its log named).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **plan.env}
+    log_path, base = out / "verdicts.jsonl", out / "baseline"
+    done = _read_verdicts(log_path)
+    if not (base / "cv_metrics.json").exists():
+        cmd = cv_command(plan, base, plan.baseline, Setting("carried"), None)
+        if dry_run:
+            print(" ".join(cmd))
+            return []
+        _run("baseline", cmd, env, out / "baseline.log", runner)
+    carried, rows, started = plan.baseline, [], 0
+    for cand in plan.candidates:
+        if cand.name in done:
+            row = done[cand.name]
+            _check_row(row, cand, carried, log_path)
+        else:
+            if dry_run or (max_candidates is not None and started >= max_candidates):
+                if dry_run:
+                    print(" ".join(cv_command(plan, out / cand.name, cand, carried, base)))
+                break
+            started += 1
+            _copy_of(base, out / cand.name)
+            wall = _run(f"candidate {cand.name} ({cand.words()})",
+                        cv_command(plan, out / cand.name, cand, carried, base), env, out / f"{cand.name}.log", runner)
+            row = {"name": cand.name, "overrides": list(cand.overrides), "flags": list(cand.flags),
+                   "carried": [*carried.flags, *carried.overrides], "baseline": str(base), "dir": str(out / cand.name),
+                   **verdict(out / cand.name, base, plan), "wall_s": round(wall, 1),
+                   "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            _append(log_path, row)
+            _say(f"{cand.name}: {describe(row)}")
+        rows.append(row)
+        if row["adopted"]:
+            base = out / cand.name
+            carried = Setting("carried", (*carried.overrides, *cand.overrides), (*carried.flags, *cand.flags))
+        write_summary(plan, out, rows, carried)
+    return rows
+
+
+def describe(row: Dict[str, Any]) -> str:
+    """One line per verdict: the figures the rule used and the outcome."""
+    if row["stopped_after_fold"] is not None:
+        return (f"rejected after fold {row['stopped_after_fold']} (--need-folds): fold deltas "
+                + " / ".join(f"{d:+.3f}" for d in row["fold_deltas"]))
+    return (f"{'ADOPTED' if row['adopted'] else 'not adopted'}: pooled macro-F1 {row['pooled_macro_f1']:.3f} vs "
+            f"{row['baseline_macro_f1']:.3f} ({row['pooled_delta']:+.3f}), {row['folds_at_or_above']} of "
+            f"{len(row['fold_deltas'])} folds at or above")
+
+
+def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried: Setting) -> Path:
+    """``plan.md``: the baseline, every verdict so far and the settings adopted (written atomically)."""
+    from hlmtune.files import atomic_write_text
+
+    base_doc = json.loads((out / "baseline" / "cv_metrics.json").read_text())
+    judged = {r["name"] for r in rows}
+    f1 = lambda v: "" if v is None else f"{v[0]:.3f} ({v[0] - v[1]:+.3f})"  # noqa: E731
+    lines = [
+        f"# Model-selection plan `{plan.source.name}`: {len(rows)} of {len(plan.candidates)} candidates judged",
+        "",
+        "Every figure is patient-wise cross-validation over the training patients (`hlmtune cv`); DS2 was not read.",
+        f"Rule: adopted when the pooled ensemble macro-F1 is at least {plan.min_gain:+.3f} above the baseline's and "
+        f"at least {plan.min_folds} folds are at or above it.",
+        "",
+        f"Baseline (`{plan.baseline.words()}`): pooled macro-F1 {base_doc['pooled']['macro_f1']:.3f}.",
+        "",
+        "| candidate | setting | pooled macro-F1 (vs its baseline) | folds at or above | S F1 | V F1 | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pooled = "" if r["pooled_macro_f1"] is None else f"{r['pooled_macro_f1']:.3f} ({r['pooled_delta']:+.3f})"
+        outcome = ("adopted" if r["adopted"] else "not adopted" if r["stopped_after_fold"] is None
+                   else f"stopped after fold {r['stopped_after_fold']}")
+        lines.append(f"| {r['name']} | `{' '.join([*r['flags'], *r['overrides']])}` | {pooled} | "
+                     f"{r['folds_at_or_above']} of {len(r['fold_deltas'])} | {f1(r['s_f1'])} | {f1(r['v_f1'])} | "
+                     f"{outcome} |")
+    waiting = [c.name for c in plan.candidates if c.name not in judged]
+    lines += ["", f"Adopted so far: `{carried.words()}`.",
+              f"Not yet judged: {', '.join(waiting)}." if waiting else "Every candidate is judged: the plan is done."]
+    atomic_write_text(out / "plan.md", "\n".join(lines) + "\n")
+    return out / "plan.md"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``hlmtune select``."""
+    p = subparsers.add_parser(
+        "select",
+        help="run a model-selection plan: hlmtune cv candidates in order, each judged by the plan's rule",
+        description=textwrap.fill(
+            "Run a plan written before its runs: the baseline's `hlmtune cv`, then each candidate on a copy of the "
+            "current baseline's folder (same folds and pretrained models) with --baseline and --need-folds, judged "
+            "by the plan's rule; an adopted candidate becomes the baseline of the ones after it. Verdicts are "
+            "appended to OUT/verdicts.jsonl and summed up in OUT/plan.md; a rerun resumes. DS2 is never read."),
+        epilog=(
+            "examples:\n"
+            "  hlmtune select hlm_smoke --out /tmp/select       # synthetic records, 2 tiny folds: a few minutes\n"
+            "  hlmtune select hlm_61_patients --out outputs/select --dry-run   # the next command, nothing run\n"
+            "  hlmtune select hlm_61_patients --show > my_plan.yaml   # a plan of your own: edit it before its runs\n"
+            "  hlmtune select hlm_61_patients --out outputs/select --max-candidates 1\n"
+            "                                  # judge one more candidate (about 1-2 h on 2 CPU cores), then stop\n"
+            f"packaged plans: {', '.join(sorted(p.stem for p in PLANS_DIR.glob('*.yaml')))}"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("plan", help="a plan file, or the name of a packaged plan")
+    p.add_argument("--out", default=None, help="the job folder (resumed when it exists); required unless --show")
+    p.add_argument("--show", action="store_true",
+                   help="print the plan file (to start your own: hlmtune select hlm_61_patients --show > my_plan.yaml)")
+    p.add_argument("--max-candidates", type=int, default=None, metavar="N",
+                   help="judge at most N more candidates in this call (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="print the next hlmtune cv command and stop")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from hlmtune.hlm.pipeline import exit_status
+
+    def job() -> None:
+        if args.max_candidates is not None and args.max_candidates < 1:
+            raise ValueError(f"--max-candidates {args.max_candidates}: at least 1")
+        path = resolve_plan(args.plan)
+        if args.show:
+            sys.stdout.write(path.read_text())
+            return
+        if args.out is None:
+            raise ValueError("--out DIR: the job folder (or --show to print the plan)")
+        rows = run_plan(load_plan(path), Path(args.out), max_candidates=args.max_candidates, dry_run=args.dry_run)
+        for row in rows:
+            print(f"{row['name']}: {describe(row)}")
+        if not args.dry_run:
+            print(f"summary: {Path(args.out) / 'plan.md'}")
+
+    return exit_status("select", job)[0]

@@ -1,0 +1,229 @@
+"""`hlmtune select`: a plan of `hlmtune cv` candidates run in order and judged by its rule.
+
+The driver is tested with a fake `hlmtune cv` (it writes the two files a real run leaves:
+`cv_metrics.json` with its baseline comparison, or `cv_stopped.json`), so the rule, the carried
+settings and the resume are checked exactly; one test runs the real CLI on synthetic records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import yaml
+
+from hlmtune.hlm import select as sel
+
+HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
+
+
+def _plan(tmp_path: Path, **changes) -> Path:
+    plan = {"cv": ["--folds", "4"], "env": {"HLM_TEST_ENV": "1"}, "rule": {"min_gain": 0.015, "min_folds": 3},
+            "baseline": {"overrides": ["a=0"]},
+            "candidates": [{"name": "good", "overrides": ["b=1"]}, {"name": "small", "overrides": ["c=1"]},
+                           {"name": "early", "flags": ["--pretrain-steps", "9"]}]}
+    plan.update(changes)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+class FakeCv:
+    """Stands in for `hlmtune cv`: per candidate override, the fold deltas against its baseline.
+
+    A key absent from ``deltas`` is the baseline (pooled macro-F1 0.5); ``stop`` names those that
+    ``--need-folds`` stops after fold 2.
+    """
+
+    def __init__(self, deltas: Dict[str, List[float]], stop=(), fail=()):
+        self.deltas, self.stop, self.fail, self.calls = deltas, set(stop), set(fail), []
+
+    def __call__(self, cmd: List[str], env: Dict[str, str], log: Path) -> int:
+        self.calls.append((cmd, env.get("HLM_TEST_ENV"), log))
+        out = Path(cmd[cmd.index("--out") + 1])
+        key = next((w for w in cmd if w in self.stop or w in self.fail), None)  # the candidate's own word
+        key = key or next((w for w in reversed(cmd) if w in self.deltas), None)
+        if key in self.fail:
+            return 3
+        if "--baseline" not in cmd:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "marker").write_text("baseline")
+            (out / "cv_metrics.json").write_text(json.dumps({"pooled": {"macro_f1": 0.5}}))
+            return 0
+        base = cmd[cmd.index("--baseline") + 1]
+        (out / "cv_metrics.json").unlink(missing_ok=True)  # as cv's clear_summaries
+        if key in self.stop:
+            (out / "cv_stopped.json").write_text(json.dumps({"baseline": base, "folds_run": 2,
+                                                             "folds": [{"delta": -0.1}, {"delta": -0.2}]}))
+            return 0
+        d = self.deltas[key]
+        pooled = 0.5 + sum(d) / len(d)
+        cmp = {"source": base, "folds_at_or_above": sum(x >= 0 for x in d), "folds": [{"delta": x} for x in d],
+               "pooled": {"macro_f1": pooled, "baseline": 0.5, "delta": pooled - 0.5,
+                          "f1": {"S": {"this": 0.6, "baseline": 0.5}}}}
+        (out / "cv_metrics.json").write_text(json.dumps({"pooled": {"macro_f1": pooled}, "baseline": cmp}))
+        return 0
+
+
+def test_the_rule_carries_an_adopted_setting_into_every_later_candidate(tmp_path):
+    out = tmp_path / "job"
+    fake = FakeCv({"b=1": [0.03, 0.03, 0.01, -0.001], "c=1": [0.02, 0.01, 0.01, 0.0]}, stop={"9"})
+    rows = sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake)
+    assert [r["name"] for r in rows] == ["good", "small", "early"]
+    assert [r["adopted"] for r in rows] == [True, False, False]
+    (base_cmd, env, _), (good, _, _), (small, _, _), (early, _, _) = fake.calls
+    assert env == "1"  # the plan's environment reaches every run
+    assert "--baseline" not in base_cmd and base_cmd[-1] == "a=0"
+    # the first candidate against the baseline, the next ones against it: its folder, its override
+    assert good[good.index("--baseline") + 1] == str(out / "baseline") and good[-2:] == ["a=0", "b=1"]
+    assert small[small.index("--baseline") + 1] == str(out / "good") and small[-3:] == ["a=0", "b=1", "c=1"]
+    assert small[small.index("--need-folds") + 1] == "3"
+    assert early[early.index("--baseline") + 1] == str(out / "good") and "--pretrain-steps" in early
+    assert (out / "small" / "marker").read_text() == "baseline"  # a copy of the baseline's folder (via good)
+    assert not list(out.glob(".*.partial"))
+    small_row = rows[1]
+    assert small_row["pooled_delta"] == pytest.approx(0.01) and small_row["folds_at_or_above"] == 4
+    assert small_row["carried"] == ["a=0", "b=1"] and small_row["s_f1"] == [0.6, 0.5]
+    assert rows[2]["stopped_after_fold"] == 2 and rows[2]["pooled_macro_f1"] is None
+    on_disk = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
+    assert on_disk == rows
+    summary = (out / "plan.md").read_text()
+    assert "3 of 3 candidates judged" in summary and "Adopted so far: `a=0 b=1`." in summary
+    assert "| small | `c=1` | 0.510 (+0.010) | 4 of 4 |" in summary and "stopped after fold 2" in summary
+    assert "the plan is done" in summary
+
+
+def test_the_rule_is_at_least_min_gain_and_at_least_min_folds(tmp_path):
+    plan = sel.load_plan(_plan(tmp_path))
+    fake = FakeCv({"b=1": [0.015, 0.015, 0.015, -0.001], "c=1": [0.1, 0.1, -0.1, -0.05]})
+    rows = sel.run_plan(plan, tmp_path / "job", runner=fake, max_candidates=2)
+    assert rows[0]["pooled_delta"] == pytest.approx(0.011) and not rows[0]["adopted"]  # gain below 0.015
+    assert rows[1]["folds_at_or_above"] == 2 and not rows[1]["adopted"]  # a gain, but 2 of 4 folds
+    exact = sel.load_plan(_plan(tmp_path, rule={"min_gain": 0.0, "min_folds": 3}))
+    fake = FakeCv({"b=1": [0.0, 0.0, 0.0, -0.001], "c=1": [0.0, 0.0, 0.0, 0.0]})
+    rows = sel.run_plan(exact, tmp_path / "job2", runner=fake, max_candidates=2)
+    assert rows[1]["adopted"] and rows[1]["pooled_delta"] == 0.0  # at the bar, at the fold count: adopted
+
+
+def test_a_rerun_resumes_and_refuses_a_plan_changed_after_its_verdicts(tmp_path, capsys):
+    out, path = tmp_path / "job", _plan(tmp_path)
+    fake = FakeCv({"b=1": [0.03] * 4, "c=1": [0.0] * 4}, stop={"9"})
+    first = sel.run_plan(sel.load_plan(path), out, runner=fake, max_candidates=1)
+    assert [r["name"] for r in first] == ["good"] and len(fake.calls) == 2
+    sel.run_plan(sel.load_plan(path), out, runner=fake, dry_run=True)
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and printed[0].endswith("a=0 b=1 c=1") and len(fake.calls) == 2  # nothing run
+    rows = sel.run_plan(sel.load_plan(path), out, runner=fake)
+    assert [r["name"] for r in rows] == ["good", "small", "early"] and len(fake.calls) == 4  # good not rerun
+    never = FakeCv({})
+    assert sel.run_plan(sel.load_plan(path), out, runner=never) == rows and never.calls == []
+    changed = _plan(tmp_path, candidates=[{"name": "good", "overrides": ["b=2"]}])
+    with pytest.raises(ValueError, match=r"'good' was judged with .*b=1.*the plan now says .*b=2"):
+        sel.run_plan(sel.load_plan(changed), out, runner=never)
+
+
+def test_a_failed_run_names_its_log_and_leaves_no_verdict(tmp_path):
+    out = tmp_path / "job"
+    fake = FakeCv({"b=1": [0.03] * 4}, fail={"c=1"})
+    with pytest.raises(RuntimeError, match=r"candidate small \(c=1\): hlmtune cv exited with 3; its output is in .*small\.log"):
+        sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake)
+    assert [json.loads(x)["name"] for x in (out / "verdicts.jsonl").read_text().splitlines()] == ["good"]
+    (out / "verdicts.jsonl").write_text((out / "verdicts.jsonl").read_text() + "{not json\n")
+    with pytest.raises(ValueError, match=r"verdicts\.jsonl: row 2 is not JSON"):
+        sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake)
+
+
+def test_a_run_judged_against_another_baseline_is_refused(tmp_path):
+    run, base = tmp_path / "run", tmp_path / "base"
+    run.mkdir()
+    cmp = {"source": str(tmp_path / "other"), "folds_at_or_above": 4, "folds": [],
+           "pooled": {"macro_f1": 0.6, "baseline": 0.5, "delta": 0.1, "f1": {}}}
+    (run / "cv_metrics.json").write_text(json.dumps({"baseline": cmp}))
+    plan = sel.load_plan(_plan(tmp_path))
+    with pytest.raises(ValueError, match=r"judged against .*other, but the plan's baseline here is .*base"):
+        sel.verdict(run, base, plan)
+    cmp["source"] = str(base / "cv_metrics.json")  # the baseline's file is the baseline
+    (run / "cv_metrics.json").write_text(json.dumps({"baseline": cmp}))
+    assert sel.verdict(run, base, plan)["adopted"]
+    (run / "cv_metrics.json").write_text(json.dumps({"pooled": {}}))
+    with pytest.raises(ValueError, match="run without --baseline"):
+        sel.verdict(run, base, plan)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"candidatse": []}, r"unknown key 'candidatse' \(did you mean 'candidates'\?\)"),
+    ({"rule": {"min_gian": 0.1}}, r"rule: unknown key 'min_gian' \(did you mean 'min_gain'\?\)"),
+    ({"rule": {"min_folds": 5}}, r"rule\.min_folds: between 1 and the plan's 4 folds, got 5"),
+    ({"cv": ["--folds", "2", "--baseline", "x"]}, r"cv: --baseline is set by hlmtune select itself"),
+    ({"candidates": [{"name": "a", "overrides": ["b"]}]}, r"candidates\[0\]\.overrides: 'b' is not key=value"),
+    ({"candidates": [{"name": "a", "overides": ["b=1"]}]}, r"candidates\[0\]: unknown key 'overides' \(did you mean 'overrides'\?\)"),
+    ({"candidates": [{"name": "a", "overrides": ["b=1"]}, {"name": "a", "flags": ["--seeds", "2"]}]},
+     r"the name 'a' is used twice"),
+    ({"candidates": [{"name": "a"}]}, r"'a' has neither overrides nor flags"),
+    ({"candidates": [{"name": "../x", "overrides": ["b=1"]}]}, r"candidates\[0\]\.name: a folder name"),
+    ({"candidates": [{"name": "a", "flags": ["9"]}]}, r"flags: starts with '9', not a --flag"),
+    ({"env": ["X"]}, r"env: expected NAME: value strings"),
+])
+def test_bad_plans_name_the_file_and_the_key(tmp_path, changes, message):
+    path = _plan(tmp_path, **changes)
+    with pytest.raises(ValueError, match=message) as err:
+        sel.load_plan(path)
+    assert str(path) in str(err.value)
+
+
+def test_packaged_plans_load_and_an_unknown_name_suggests_one():
+    plans = {p.stem: sel.load_plan(p) for p in sel.PLANS_DIR.glob("*.yaml")}
+    assert {"hlm_61_patients", "hlm_smoke"} <= set(plans)
+    big = plans["hlm_61_patients"]
+    # the plan of docs/hlm.md: its order, its rule, its environment
+    assert [c.name for c in big.candidates][:3] == ["examples36k", "dropout01", "premature005"]
+    assert (big.min_gain, big.min_folds, big.cv) == (0.015, 3, ("--folds", "4", "--seeds", "3"))
+    assert big.env == {"HLM_ONEDNN_LINEAR": "0", "HLM_BLOCKED_ATTENTION": "1"}
+    for p in sel.PLANS_DIR.glob("*.yaml"):
+        assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
+    assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"
+    with pytest.raises(ValueError, match=r"no plan file 'hlm_smok' \(did you mean 'hlm_smoke'\?\)"):
+        sel.resolve_plan("hlm_smok")
+
+
+def test_select_cli_runs_a_plan_on_synthetic_records_and_resumes(tmp_path):
+    """The real `hlmtune cv` underneath: a candidate that restates the baseline's value trains the
+    same models bit for bit, so it is judged +0.000 in 2 of 2 folds and adopted (min_gain 0)."""
+    plan = tmp_path / "plan.yaml"
+    smoke = yaml.safe_load((sel.PLANS_DIR / "hlm_smoke.yaml").read_text())
+    smoke["rule"] = {"min_gain": 0.0, "min_folds": 2}
+    smoke["candidates"] = [{"name": "same", "overrides": ["dataset.num_examples=48"]},
+                           {"name": "next", "overrides": ["model.lora_rank=8"]}]
+    plan.write_text(yaml.safe_dump(smoke))
+    out = tmp_path / "job"
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env.pop("HLM_DATA", None)
+    proc = subprocess.run([HLMTUNE, "select", str(plan), "--out", str(out), "--max-candidates", "1"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:] + (out / "same.log").read_text()[-3000:]
+    assert "same: ADOPTED: pooled macro-F1" in proc.stdout and "(+0.000), 2 of 2 folds at or above" in proc.stdout
+    assert proc.stdout.strip().endswith(f"summary: {out / 'plan.md'}")
+    log = (out / "same.log").read_text()
+    assert log.count("pretrain: finished before, kept") == 2  # the copy kept the baseline's pretrained models
+    row = json.loads((out / "verdicts.jsonl").read_text())
+    assert row["dir"] == str(out / "same") and row["fold_deltas"] == [0.0, 0.0]
+    doc = json.loads((out / "same" / "cv_metrics.json").read_text())
+    assert doc["baseline"]["source"] == str(out / "baseline")
+    proc = subprocess.run([HLMTUNE, "select", str(plan), "--out", str(out), "--dry-run"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    nxt = proc.stdout.strip().splitlines()[0].split()
+    assert nxt[nxt.index("--baseline") + 1] == str(out / "same")  # the adopted run is the next baseline
+    assert nxt[-3:] == ["dataset.num_examples=48", "dataset.num_examples=48", "model.lora_rank=8"]
+    assert not (out / "next").exists()
+    for args, says in ((["nope", "--out", str(out)], "packaged plans"), (["hlm_smoke"], "--out DIR"),
+                       (["hlm_smoke", "--out", str(out), "--max-candidates", "0"], "at least 1")):
+        proc = subprocess.run([HLMTUNE, "select", *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and says in proc.stderr, proc.stderr
+    proc = subprocess.run([HLMTUNE, "select", "hlm_smoke", "--show"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == (sel.PLANS_DIR / "hlm_smoke.yaml").read_text()
