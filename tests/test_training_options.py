@@ -15,7 +15,8 @@ from hlmtune.training.options import (
     parse_pack_options,
     section_keys,
 )
-from hlmtune.training.schema import RECIPE_KEYS, _closest
+from hlmtune.training.options import closest
+from hlmtune.training.schema import RECIPE_KEYS
 
 FULL = RECIPE_KEYS["full_finetune_distributed"]
 LORA = RECIPE_KEYS["lora_finetune_distributed"]
@@ -24,7 +25,7 @@ QAT = RECIPE_KEYS["qat_distributed"]
 
 def _parse(data, accepted=FULL):
     errors = []
-    opts = parse_pack_options(data, accepted, errors, _closest)
+    opts = parse_pack_options(data, accepted, errors, closest)
     return opts, errors
 
 

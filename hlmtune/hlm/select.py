@@ -27,7 +27,6 @@ verdict is refused), a cut ``hlmtune cv`` keeps its finished stages. DS2 is neve
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import re
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
+
+from hlmtune.training.options import closest
 
 PLANS_DIR = Path(__file__).parent / "plans"
 PLAN_KEYS = ("description", "cv", "env", "rule", "baseline", "candidates")
@@ -84,17 +85,12 @@ class Plan:
     description: str = ""
 
 
-def _closest(name: str, choices: Sequence[str]) -> str:
-    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
-    return f" (did you mean '{match[0]}'?)" if match else ""
-
-
 def _check_keys(where: str, mapping: Any, allowed: Sequence[str]) -> Dict[str, Any]:
     if not isinstance(mapping, dict):
         raise ValueError(f"{where}: expected a mapping, got {type(mapping).__name__}")
     for key in mapping:
         if key not in allowed:
-            raise ValueError(f"{where}: unknown key {key!r}{_closest(str(key), allowed)}; known: {', '.join(allowed)}")
+            raise ValueError(f"{where}: unknown key {key!r}{closest(str(key), allowed)}; known: {', '.join(allowed)}")
     return mapping
 
 
@@ -193,7 +189,7 @@ def resolve_plan(name: str) -> Path:
     packaged = {p.stem: p for p in sorted(PLANS_DIR.glob("*.yaml"))}
     if name in packaged:
         return packaged[name]
-    raise ValueError(f"no plan file {name!r}{_closest(name, list(packaged))}; packaged plans: {', '.join(packaged)}")
+    raise ValueError(f"no plan file {name!r}{closest(name, list(packaged))}; packaged plans: {', '.join(packaged)}")
 
 
 def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:

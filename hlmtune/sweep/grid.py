@@ -22,13 +22,12 @@ Every error names the grid file and the key (with the closest known key for typo
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hlmtune.training.options import (
     REQUIRED,
@@ -42,6 +41,7 @@ from hlmtune.training.options import (
     check_opt_int_gt0,
     check_str,
     check_str_list,
+    closest,
     option,
     parse_section,
 )
@@ -78,12 +78,6 @@ _LABEL_BAD = re.compile(r"[^A-Za-z0-9._+-]+")
 
 class GridError(ValueError):
     """A grid file problem; the message names the file and the key, axis or value."""
-
-
-def closest(name: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices``, or ``""``."""
-    match = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{match[0]}'?)" if match else ""
 
 
 def _check_setup(v: Any) -> Optional[str]:
@@ -278,7 +272,7 @@ class _Ctx:
     def section(self, cls: type, node: Any, where: str) -> Any:
         """``cls`` (a :data:`GRID_SECTIONS` dataclass) parsed from ``node``; the first problem raises."""
         errors: List[str] = []
-        out = parse_section(cls, node, where, errors, lambda n, c, prefix="": closest(n, c).replace("'", f"'{prefix}", 1))
+        out = parse_section(cls, node, where, errors, closest)
         if errors:
             raise GridError(f"{self.path}: {errors[0]}")
         return out

@@ -12,8 +12,9 @@ default or an allowed value lives in exactly one place.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple
 
 SPLIT_CHOICES = ("distributed", "contiguous")
 DATA_PARALLEL_CHOICES = ("auto", "fsdp", "ddp")
@@ -46,6 +47,14 @@ def effective_compile_mode(mode: str, device_type: str, data_parallel: str) -> T
         return _WITHOUT_GRAPHS[mode], (f"compile_mode '{mode}': CUDA graphs cannot hold FSDP2's re-gathered parameters: "
                                        f"compiling with '{_WITHOUT_GRAPHS[mode]}' (use data_parallel: ddp for graphs)")
     return mode, None
+
+
+def closest(name: Any, choices: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean 'X'?)`` for the choice closest to ``name``, written as ``prefix + X`` (the
+    full key of a section's field, e.g. ``data_loader.num_workers``), or ``""``: the one hint of
+    every unknown-key and unknown-value error (configs, grid files, selection plans)."""
+    match = difflib.get_close_matches(str(name), sorted(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{prefix}{match[0]}'?)" if match else ""
 
 
 def _is_int(v: Any) -> bool:

@@ -21,11 +21,11 @@ import difflib
 import importlib
 import inspect
 import re
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from hlmtune.training.options import PACK_KEY_DOCS, PackOptions, effective_compile_mode, parse_pack_options
+from hlmtune.training.options import PACK_KEY_DOCS, PackOptions, closest, effective_compile_mode, parse_pack_options
 from hlmtune.training.spec import RecipeSpec, pack_specs
 
 # Keys every torchtune fine-tuning recipe reads.
@@ -100,7 +100,7 @@ def accepted_keys(spec: RecipeSpec) -> FrozenSet[str]:
     """
     if spec.mirrors not in TORCHTUNE_RECIPE_KEYS:
         raise ConfigError(
-            f"recipe {spec.name} mirrors '{spec.mirrors}'{_closest(spec.mirrors, TORCHTUNE_RECIPE_KEYS)}; "
+            f"recipe {spec.name} mirrors '{spec.mirrors}'{closest(spec.mirrors, TORCHTUNE_RECIPE_KEYS)}; "
             f"known: {', '.join(sorted(TORCHTUNE_RECIPE_KEYS))}"
         )
     return TORCHTUNE_RECIPE_KEYS[spec.mirrors] | frozenset(spec.adds) | frozenset(spec.requires) | PACK_KEYS
@@ -116,7 +116,7 @@ def recipe_spec(recipe: Union[str, RecipeSpec]) -> RecipeSpec:
         return recipe
     specs = pack_specs()
     if recipe not in specs:
-        raise ConfigError(f"unknown recipe '{recipe}'{_closest(recipe, specs)}; known: {', '.join(sorted(specs))}")
+        raise ConfigError(f"unknown recipe '{recipe}'{closest(recipe, specs)}; known: {', '.join(sorted(specs))}")
     return specs[recipe]
 
 
@@ -130,13 +130,6 @@ class ConfigError(ValueError):
     def __init__(self, message: str, problems: List[str] | None = None) -> None:
         super().__init__(message)
         self.problems = list(problems) if problems is not None else [message]
-
-
-def _closest(name: str, choices: Iterable[str], prefix: str = "") -> str:
-    """`` (did you mean 'X'?)`` for the choice closest to ``name``, written as ``prefix + X`` (the
-    full key of a section's field, e.g. ``data_loader.num_workers``), or ``""``."""
-    match = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{prefix}{match[0]}'?)" if match else ""
 
 
 # Accepted keys per pack recipe, derived from the specs.
@@ -198,7 +191,7 @@ def resolve_component(path: str) -> Callable[..., Any]:
                 obj = getattr(obj, a)
         except AttributeError:
             public = [n for n in dir(importlib.import_module(mod_name)) if not n.startswith("_")]
-            raise ConfigError(f"'{path}': {mod_name} has no '{'.'.join(attrs)}'{_closest(attrs[0], public)}")
+            raise ConfigError(f"'{path}': {mod_name} has no '{'.'.join(attrs)}'{closest(attrs[0], public)}")
         return obj
     raise ConfigError(f"'{path}' cannot be imported")
 
@@ -225,11 +218,11 @@ def _check_component(node: Mapping[str, Any], where: str, errors: List[str]) -> 
         if k in params:
             continue
         if not has_var_kw:
-            errors.append(f"{where}.{k}: {comp} has no argument '{k}'{_closest(k, named)}")
+            errors.append(f"{where}.{k}: {comp} has no argument '{k}'{closest(k, named)}")
         elif difflib.get_close_matches(k, named, n=1, cutoff=0.8):
             # **kwargs would swallow it (e.g. load_dataset kwargs), but it is one edit away
             # from a declared argument: almost certainly a typo.
-            errors.append(f"{where}.{k}: {comp} has no argument '{k}'{_closest(k, named)}")
+            errors.append(f"{where}.{k}: {comp} has no argument '{k}'{closest(k, named)}")
     # A top-level section, or an item of a list section (dataset[i] of a ConcatDataset), gets the
     # arguments the recipe passes; nested components do not.
     section = where.split("[")[0] if "." not in where else None
@@ -286,7 +279,7 @@ def validate_config(
     errors: List[str] = []
     for key in data:
         if key not in allowed and key not in ANY_TORCHTUNE_KEYS and key not in variables:
-            errors.append(f"unknown key '{key}' for recipe {spec.name}{_closest(key, allowed)}")
+            errors.append(f"unknown key '{key}' for recipe {spec.name}{closest(key, allowed)}")
     for key in sorted(REQUIRED_KEYS - set(data)):
         errors.append(f"missing required key '{key}'")
     for key in spec.requires:
@@ -482,7 +475,7 @@ def _check_values(data: Mapping[str, Any], allowed: FrozenSet[str], errors: List
     tp = data.get("tensor_parallel_dim", 1) if "tensor_parallel_dim" in allowed else 1
     if tp not in (None, 1):
         errors.append(f"tensor_parallel_dim={tp!r}: the pack recipes are data parallel only (use 1)")
-    return parse_pack_options(data, allowed, errors, _closest)
+    return parse_pack_options(data, allowed, errors, closest)
 
 
 def build_model_on_meta(cfg_model: DictConfig, dtype: str = "bf16") -> int:
