@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,8 @@ class FakeCv:
             return 0
         d = self.deltas[key]
         pooled = 0.5 + sum(d) / len(d)
-        cmp = {"source": base, "folds_at_or_above": sum(x >= 0 for x in d), "folds": [{"delta": x} for x in d],
+        folds = [{"delta": x, "same_pretraining": True} for x in d]
+        cmp = {"source": base, "folds_at_or_above": sum(x >= 0 for x in d), "folds": folds,
                "pooled": {"macro_f1": pooled, "baseline": 0.5, "delta": pooled - 0.5,
                           "f1": {"S": {"this": 0.6, "baseline": 0.5}}}}
         (out / "cv_metrics.json").write_text(json.dumps({"pooled": {"macro_f1": pooled}, "baseline": cmp}))
@@ -94,7 +96,8 @@ def test_the_rule_carries_an_adopted_setting_into_every_later_candidate(tmp_path
     assert on_disk == rows
     summary = (out / "plan.md").read_text()
     assert "3 of 3 candidates judged" in summary and "Adopted so far: `a=0 b=1`." in summary
-    assert "| small | `c=1` | 0.510 (+0.010) | 4 of 4 |" in summary and "stopped after fold 2" in summary
+    assert "| small | `c=1` | 0.510 (+0.010) | 4 of 4 | 0.600 (+0.100) |  | 4 of 4 folds | not adopted |" in summary
+    assert small_row["same_pretraining"] == 4 and "stopped after fold 2" in summary
     assert "the plan is done" in summary
 
 
@@ -128,7 +131,10 @@ def test_a_rerun_resumes_and_refuses_a_plan_changed_after_its_verdicts(tmp_path,
 
 
 def test_a_failed_run_names_its_log_and_leaves_no_verdict(tmp_path):
-    out = tmp_path / "job"
+    out, rec = tmp_path / "job", tmp_path / "rec"
+    with pytest.raises(RuntimeError, match=r"candidate good \(b=1\): hlmtune cv exited with 3"):
+        sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=FakeCv({}, fail={"b=1"}), record=rec)
+    assert _files(rec) == ["baseline/cv_metrics.json", "plan.md"]  # the baseline's figures are kept at once
     fake = FakeCv({"b=1": [0.03] * 4}, fail={"c=1"})
     with pytest.raises(RuntimeError, match=r"candidate small \(c=1\): hlmtune cv exited with 3; its output is in .*small\.log"):
         sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake)
@@ -153,6 +159,71 @@ def test_a_run_judged_against_another_baseline_is_refused(tmp_path):
     (run / "cv_metrics.json").write_text(json.dumps({"pooled": {}}))
     with pytest.raises(ValueError, match="run without --baseline"):
         sel.verdict(run, base, plan)
+
+
+def test_a_stopped_run_counts_the_folds_that_kept_the_baseline_pretrained_models(tmp_path):
+    run, base = tmp_path / "run", tmp_path / "base"
+    run.mkdir(), base.mkdir()
+    (base / "cv_metrics.json").write_text(json.dumps({"folds": [{"fold": 1, "pretrain_sha256": ["a"]},
+                                                                {"fold": 2, "pretrain_sha256": ["b"]}]}))
+    folds = [{"fold": 1, "delta": -0.1, "pretrain_sha256": ["a"]}, {"fold": 2, "delta": -0.2, "pretrain_sha256": ["c"]}]
+    (run / "cv_stopped.json").write_text(json.dumps({"baseline": str(base), "folds_run": 2, "folds": folds}))
+    plan = sel.load_plan(_plan(tmp_path))
+    assert sel.verdict(run, base, plan)["same_pretraining"] == 1  # fold 2 pretrained to other bytes
+    (base / "cv_metrics.json").write_text(json.dumps({"pooled": {}}))
+    assert sel.verdict(run, base, plan)["same_pretraining"] is None  # the baseline names none
+
+
+def _files(root: Path) -> List[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_a_record_carries_the_plan_to_a_machine_without_its_folders(tmp_path):
+    rec, path = tmp_path / "rec", _plan(tmp_path)
+    fake = FakeCv({"b=1": [0.03] * 4, "c=1": [0.0] * 4}, stop={"9"})
+    sel.run_plan(sel.load_plan(path), tmp_path / "job", runner=fake, max_candidates=1, record=rec)
+    # the figures and the verdicts, none of the stages (the fake's "marker")
+    assert _files(rec) == ["baseline/cv_metrics.json", "good/cv_metrics.json", "plan.md", "verdicts.jsonl"]
+    assert (rec / "verdicts.jsonl").read_text() == (tmp_path / "job" / "verdicts.jsonl").read_text()
+    out = tmp_path / "other_machine"
+    fresh = FakeCv({"c=1": [0.0] * 4}, stop={"9"})
+    rows = sel.run_plan(sel.load_plan(path), out, runner=fresh, record=rec)
+    assert [r["name"] for r in rows] == ["good", "small", "early"]
+    (small, _, _), (early, _, _) = fresh.calls  # neither the baseline nor the judged candidate again
+    assert small[small.index("--baseline") + 1] == str(out / "good") and small[-3:] == ["a=0", "b=1", "c=1"]
+    assert not (out / "small" / "marker").exists()  # no stages to copy: the candidate pretrains itself
+    assert (rec / "verdicts.jsonl").read_text() == (out / "verdicts.jsonl").read_text()
+    assert len((rec / "verdicts.jsonl").read_text().splitlines()) == 3
+    assert (rec / "early" / "cv_stopped.json").exists() and (rec / "plan.md").read_text() == (out / "plan.md").read_text()
+    sel.export_record(rec, tmp_path / "empty", ["good"])  # a folder without the run's result removes nothing
+    assert (rec / "good" / "cv_metrics.json").exists()
+    (out / "baseline" / "cv_metrics.json").write_text(json.dumps({"pooled": {"macro_f1": 0.7}}))
+    with pytest.raises(ValueError, match=r"other_machine/baseline/cv_metrics\.json is not .*rec/baseline/cv_metrics"):
+        sel.run_plan(sel.load_plan(path), out, runner=fresh, record=rec)
+    shutil.copy(rec / "baseline" / "cv_metrics.json", out / "baseline" / "cv_metrics.json")
+    row = json.loads((out / "verdicts.jsonl").read_text().splitlines()[0])
+    row["adopted"] = False
+    (out / "verdicts.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=r"rec/verdicts\.jsonl and .*other_machine/verdicts\.jsonl judge 'good' differently"):
+        sel.run_plan(sel.load_plan(path), out, runner=fresh, record=rec)
+
+
+def test_a_lost_adopted_folder_is_remade_with_its_own_settings(tmp_path, capsys):
+    out, path = tmp_path / "job", _plan(tmp_path)
+    sel.run_plan(sel.load_plan(path), out, runner=FakeCv({"b=1": [0.03] * 4}), max_candidates=1)
+    for lost in ("baseline", "good"):
+        for f in (out / lost).iterdir():
+            f.unlink()
+    fake = FakeCv({"b=1": [0.03] * 4, "c=1": [0.0] * 4}, stop={"9"})
+    sel.run_plan(sel.load_plan(path), out, runner=fake, dry_run=True)
+    remake = capsys.readouterr().out.split()
+    assert remake[remake.index("--out") + 1] == str(out / "good") and fake.calls == []
+    rows = sel.run_plan(sel.load_plan(path), out, runner=fake, max_candidates=1)
+    (again, _, _), (small, _, _) = fake.calls
+    assert again == remake and "--baseline" not in again and again[-2:] == ["a=0", "b=1"]  # not judged again
+    assert small[small.index("--baseline") + 1] == str(out / "good")
+    assert rows[0]["adopted"] and not (out / "baseline" / "cv_metrics.json").exists()  # the baseline: not needed
+    assert "pooled macro-F1 0.500 (from the first verdict; its folder is not here)" in (out / "plan.md").read_text()
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -203,9 +274,13 @@ def test_select_cli_runs_a_plan_on_synthetic_records_and_resumes(tmp_path):
     out = tmp_path / "job"
     env = dict(os.environ, OMP_NUM_THREADS="2")
     env.pop("HLM_DATA", None)
-    proc = subprocess.run([HLMTUNE, "select", str(plan), "--out", str(out), "--max-candidates", "1"],
+    rec = tmp_path / "rec"
+    proc = subprocess.run([HLMTUNE, "select", str(plan), "--out", str(out), "--max-candidates", "1", "--record", str(rec)],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:] + (out / "same.log").read_text()[-3000:]
+    assert _files(rec) == ["baseline/cv_metrics.json", "baseline/report.md", "plan.md", "same/cv_metrics.json",
+                           "same/report.md", "verdicts.jsonl"]
+    assert "| 2 of 2 folds | adopted |" in (rec / "plan.md").read_text()  # the real cv's pretraining check
     assert "same: ADOPTED: pooled macro-F1" in proc.stdout and "(+0.000), 2 of 2 folds at or above" in proc.stdout
     assert proc.stdout.strip().endswith(f"summary: {out / 'plan.md'}")
     log = (out / "same.log").read_text()

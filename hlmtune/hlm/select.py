@@ -22,6 +22,15 @@ cannot meet the fold count stops early. An adopted candidate's folder becomes th
 its overrides and flags join every later candidate's command. A rerun resumes: judged candidates
 are read back from ``verdicts.jsonl`` (and checked against the plan: a plan changed after a
 verdict is refused), a cut ``hlmtune cv`` keeps its finished stages. DS2 is never read.
+
+``--record REC`` keeps the plan's small files (``verdicts.jsonl``, ``plan.md`` and each finished
+run's ``cv_metrics.json`` / ``cv_stopped.json`` / ``report.md``, no model) in a second folder, written
+after every run and read first to seed ``--out``: committed to git, it carries a plan across
+machines that do not keep ``--out``. A candidate run on a machine without the baseline's stages
+tokenizes and pretrains again; its report says whether the pretrained models came out with the
+baseline's checkpoint bytes (``same_pretraining`` in its verdict row). An adopted run whose folder
+is lost and not in the record is re-made with its own settings (without ``--baseline``: its
+verdict stands) before the next candidate runs against it.
 """
 
 from __future__ import annotations
@@ -50,6 +59,9 @@ RUN_KEYS = ("name", "overrides", "flags", "why")
 # flags the driver sets itself: a plan naming them would judge against the wrong folder
 OWNED_FLAGS = ("--out", "--baseline", "--need-folds")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# what ``--record`` keeps of each run: the figures and the report, none of the stages
+RECORD_FILES = ("cv_metrics.json", "cv_stopped.json", "report.md")
+RESULTS = ("cv_metrics.json", "cv_stopped.json")
 Runner = Callable[[List[str], Dict[str, str], Path], int]
 
 
@@ -204,7 +216,8 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
     Returns:
         Dict: ``adopted``, ``pooled_macro_f1`` / ``baseline_macro_f1`` / ``pooled_delta`` (None when
         stopped), ``folds_at_or_above``, ``fold_deltas``, ``stopped_after_fold`` (None when every
-        fold ran), ``s_f1`` / ``v_f1`` (this run, baseline; None when stopped).
+        fold ran), ``s_f1`` / ``v_f1`` (this run, baseline; None when stopped), ``same_pretraining``
+        (folds whose pretrained models have the baseline's checkpoint bytes; None when unknown).
 
     Raises:
         ValueError: neither file exists, or the run was judged against another baseline.
@@ -214,9 +227,13 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
         doc = json.loads(stopped.read_text())
         _same_baseline(doc["baseline"], base_dir, stopped)
         deltas = [f["delta"] for f in doc["folds"]]
+        base_folds = _base_folds(base_dir)
+        same = [None if f.get("pretrain_sha256") is None or f.get("fold") not in base_folds
+                else f["pretrain_sha256"] == base_folds[f["fold"]] for f in doc["folds"]]
         return {"adopted": False, "pooled_macro_f1": None, "baseline_macro_f1": None, "pooled_delta": None,
                 "folds_at_or_above": sum(d >= 0 for d in deltas), "fold_deltas": deltas,
-                "stopped_after_fold": doc["folds_run"], "s_f1": None, "v_f1": None}
+                "stopped_after_fold": doc["folds_run"], "s_f1": None, "v_f1": None,
+                "same_pretraining": _count_same(same)}
     if not done.exists():
         raise ValueError(f"{run_dir}: no cv_metrics.json or cv_stopped.json (the hlmtune cv run did not finish)")
     cmp = json.loads(done.read_text()).get("baseline")
@@ -228,7 +245,21 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
     return {"adopted": pooled["delta"] >= plan.min_gain and cmp["folds_at_or_above"] >= plan.min_folds,
             "pooled_macro_f1": pooled["macro_f1"], "baseline_macro_f1": pooled["baseline"],
             "pooled_delta": pooled["delta"], "folds_at_or_above": cmp["folds_at_or_above"], "fold_deltas": deltas,
-            "stopped_after_fold": None, "s_f1": f1("S"), "v_f1": f1("V")}
+            "stopped_after_fold": None, "s_f1": f1("S"), "v_f1": f1("V"),
+            "same_pretraining": _count_same([f.get("same_pretraining") for f in cmp["folds"]])}
+
+
+def _base_folds(base_dir: Path) -> Dict[Any, Any]:
+    """The baseline's ``pretrain_sha256`` per fold (empty when its file does not name them)."""
+    path = base_dir / "cv_metrics.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    return {f["fold"]: f["pretrain_sha256"] for f in doc.get("folds", [])
+            if isinstance(f, dict) and "fold" in f and f.get("pretrain_sha256") is not None}
+
+
+def _count_same(flags: Sequence[Optional[bool]]) -> Optional[int]:
+    """Folds known to share the baseline's pretrained models; None when no fold is known."""
+    return None if all(v is None for v in flags) else sum(v is True for v in flags)
 
 
 def _same_baseline(source: str, base_dir: Path, where: Path) -> None:
@@ -302,8 +333,97 @@ def _run(name: str, cmd: List[str], env: Dict[str, str], log: Path, runner: Runn
     return time.time() - t0
 
 
+def _has_result(run: Path) -> bool:
+    return any((run / name).exists() for name in RESULTS)
+
+
+def seed_from_record(record: Path, out: Path) -> None:
+    """Copy into ``out`` what a ``--record`` folder holds and ``out`` lacks.
+
+    Verdict rows are merged by name (a name in both with different rows is refused); a run whose
+    folder in ``out`` has no result gets the record's files (its stages, if any, stay).
+
+    Raises:
+        ValueError: the two verdict files disagree about a candidate, or a run has another result
+            in ``out`` than in the record (both files named).
+    """
+    if not record.is_dir():
+        return
+    from hlmtune.files import atomic_write_bytes
+
+    theirs, ours = _read_verdicts(record / "verdicts.jsonl"), _read_verdicts(out / "verdicts.jsonl")
+    for name in sorted(set(theirs) & set(ours)):
+        if theirs[name] != ours[name]:
+            raise ValueError(f"{record / 'verdicts.jsonl'} and {out / 'verdicts.jsonl'} judge {name!r} differently: "
+                             "keep the right one and remove the other's row")
+    extra = [row for name, row in theirs.items() if name not in ours]
+    if extra:
+        merged = [*ours.values(), *extra]
+        atomic_write_bytes(out / "verdicts.jsonl", "".join(json.dumps(r) + "\n" for r in merged).encode())
+    for run in sorted(d for d in record.iterdir() if d.is_dir() and _has_result(d)):
+        if _has_result(out / run.name):
+            for name in RESULTS:
+                if (run / name).exists() and (run / name).read_bytes() != _bytes(out / run.name / name):
+                    raise ValueError(f"{out / run.name / name} is not {run / name}: this job folder ran {run.name!r} "
+                                     "apart from the record's (one record per job folder)")
+            continue
+        for name in RECORD_FILES:
+            if (run / name).exists():
+                atomic_write_bytes(out / run.name / name, (run / name).read_bytes())
+
+
+def _bytes(path: Path) -> Optional[bytes]:
+    return path.read_bytes() if path.exists() else None
+
+
+def export_record(record: Path, out: Path, runs: Sequence[str]) -> None:
+    """Write ``verdicts.jsonl``, ``plan.md`` and each finished run's small files into ``record``."""
+    from hlmtune.files import atomic_write_bytes
+
+    for run in runs:
+        if not _has_result(out / run):
+            continue
+        for name in RECORD_FILES:
+            src, dest = out / run / name, record / run / name
+            if src.exists():
+                atomic_write_bytes(dest, src.read_bytes())
+            else:
+                dest.unlink(missing_ok=True)  # a stopped run replaced by a finished one, or the reverse
+    for name in ("verdicts.jsonl", "plan.md"):
+        if (out / name).exists():
+            atomic_write_bytes(record / name, (out / name).read_bytes())
+
+
+@dataclass
+class _Baseline:
+    """The run the next candidate is judged against, and what made it (to re-make a lost folder)."""
+
+    dir: Path
+    setting: Setting
+    carried: Setting
+
+    def command(self, plan: Plan) -> List[str]:
+        return cv_command(plan, self.dir, self.setting, self.carried, None)
+
+
+def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runner: Runner,
+                     dry_run: bool) -> bool:
+    """Run the baseline (or re-make a lost adopted run) unless its result is there; False on a dry run."""
+    if _has_result(base.dir):
+        return True
+    if dry_run:
+        print(" ".join(base.command(plan)))
+        return False
+    name = base.dir.name
+    if name != "baseline":
+        _say(f"{name}: adopted, but its folder holds no result (lost with its machine?): re-making it with its "
+             "own settings; its verdict stands, the re-made figures are the next candidates' baseline")
+    _run(name, base.command(plan), env, out / f"{name}.log", runner)
+    return True
+
+
 def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candidates: Optional[int] = None,
-             dry_run: bool = False) -> List[Dict[str, Any]]:
+             dry_run: bool = False, record: Optional[Path] = None) -> List[Dict[str, Any]]:
     """Run the baseline, then each candidate not yet judged, by the plan's rule.
 
     Args:
@@ -312,51 +432,66 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
         runner (Runner): runs one ``hlmtune cv`` command (tests pass a fake).
         max_candidates (Optional[int]): judge at most this many new candidates in this call.
         dry_run (bool): print the next command instead of running anything.
+        record (Optional[Path]): a folder of the plan's small files (:func:`export_record`), read
+            first to seed ``out`` (:func:`seed_from_record`) and written after every run.
 
     Returns:
         List[Dict]: the verdict rows, in plan order (judged before or now).
 
     Raises:
-        ValueError: a verdict file that does not match the plan, or a run judged against another
-            baseline.
+        ValueError: a verdict file that does not match the plan (or the record's), or a run judged
+            against another baseline.
         RuntimeError: an ``hlmtune cv`` run failed (its log named).
     """
     out.mkdir(parents=True, exist_ok=True)
+    if record is not None:
+        seed_from_record(record, out)
     env = {**os.environ, **plan.env}
-    log_path, base = out / "verdicts.jsonl", out / "baseline"
+    log_path = out / "verdicts.jsonl"
     done = _read_verdicts(log_path)
-    if not (base / "cv_metrics.json").exists():
-        cmd = cv_command(plan, base, plan.baseline, Setting("carried"), None)
-        if dry_run:
-            print(" ".join(cmd))
-            return []
-        _run("baseline", cmd, env, out / "baseline.log", runner)
+    base = _Baseline(out / "baseline", plan.baseline, Setting("carried"))
     carried, rows, started = plan.baseline, [], 0
+
+    def save() -> None:
+        write_summary(plan, out, rows, carried)
+        if record is not None and not dry_run:
+            export_record(record, out, ["baseline", *(r["name"] for r in rows)])
+
     for cand in plan.candidates:
         if cand.name in done:
             row = done[cand.name]
             _check_row(row, cand, carried, log_path)
         else:
-            if dry_run or (max_candidates is not None and started >= max_candidates):
-                if dry_run:
-                    print(" ".join(cv_command(plan, out / cand.name, cand, carried, base)))
+            if max_candidates is not None and started >= max_candidates:
                 break
+            if not _ensure_baseline(plan, base, env, out, runner, dry_run) or dry_run:
+                if dry_run and _has_result(base.dir):
+                    print(" ".join(cv_command(plan, out / cand.name, cand, carried, base.dir)))
+                break
+            save()  # the baseline's figures reach the record before a candidate can fail
             started += 1
-            _copy_of(base, out / cand.name)
-            wall = _run(f"candidate {cand.name} ({cand.words()})",
-                        cv_command(plan, out / cand.name, cand, carried, base), env, out / f"{cand.name}.log", runner)
-            row = {"name": cand.name, "overrides": list(cand.overrides), "flags": list(cand.flags),
-                   "carried": [*carried.flags, *carried.overrides], "baseline": str(base), "dir": str(out / cand.name),
-                   **verdict(out / cand.name, base, plan), "wall_s": round(wall, 1),
-                   "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            _append(log_path, row)
-            _say(f"{cand.name}: {describe(row)}")
+            row = _judge(plan, out, cand, carried, base.dir, env, runner)
         rows.append(row)
         if row["adopted"]:
-            base = out / cand.name
+            base = _Baseline(out / cand.name, cand, carried)
             carried = Setting("carried", (*carried.overrides, *cand.overrides), (*carried.flags, *cand.flags))
-        write_summary(plan, out, rows, carried)
+        save()
     return rows
+
+
+def _judge(plan: Plan, out: Path, cand: Setting, carried: Setting, base: Path, env: Dict[str, str],
+           runner: Runner) -> Dict[str, Any]:
+    """Run one candidate on a copy of the baseline's folder and append its verdict."""
+    _copy_of(base, out / cand.name)
+    wall = _run(f"candidate {cand.name} ({cand.words()})",
+                cv_command(plan, out / cand.name, cand, carried, base), env, out / f"{cand.name}.log", runner)
+    row = {"name": cand.name, "overrides": list(cand.overrides), "flags": list(cand.flags),
+           "carried": [*carried.flags, *carried.overrides], "baseline": str(base), "dir": str(out / cand.name),
+           **verdict(out / cand.name, base, plan), "wall_s": round(wall, 1),
+           "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _append(out / "verdicts.jsonl", row)
+    _say(f"{cand.name}: {describe(row)}")
+    return row
 
 
 def describe(row: Dict[str, Any]) -> str:
@@ -373,7 +508,13 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
     """``plan.md``: the baseline, every verdict so far and the settings adopted (written atomically)."""
     from hlmtune.files import atomic_write_text
 
-    base_doc = json.loads((out / "baseline" / "cv_metrics.json").read_text())
+    base_file = out / "baseline" / "cv_metrics.json"
+    if base_file.exists():
+        base_line = f"pooled macro-F1 {json.loads(base_file.read_text())['pooled']['macro_f1']:.3f}."
+    elif rows and rows[0].get("baseline_macro_f1") is not None:
+        base_line = f"pooled macro-F1 {rows[0]['baseline_macro_f1']:.3f} (from the first verdict; its folder is not here)."
+    else:
+        base_line = "not run yet."
     judged = {r["name"] for r in rows}
     f1 = lambda v: "" if v is None else f"{v[0]:.3f} ({v[0] - v[1]:+.3f})"  # noqa: E731
     lines = [
@@ -383,10 +524,11 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
         f"Rule: adopted when the pooled ensemble macro-F1 is at least {plan.min_gain:+.3f} above the baseline's and "
         f"at least {plan.min_folds} folds are at or above it.",
         "",
-        f"Baseline (`{plan.baseline.words()}`): pooled macro-F1 {base_doc['pooled']['macro_f1']:.3f}.",
+        f"Baseline (`{plan.baseline.words()}`): {base_line}",
         "",
-        "| candidate | setting | pooled macro-F1 (vs its baseline) | folds at or above | S F1 | V F1 | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| candidate | setting | pooled macro-F1 (vs its baseline) | folds at or above | S F1 | V F1 "
+        "| baseline's pretrained models | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pooled = "" if r["pooled_macro_f1"] is None else f"{r['pooled_macro_f1']:.3f} ({r['pooled_delta']:+.3f})"
@@ -394,12 +536,19 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
                    else f"stopped after fold {r['stopped_after_fold']}")
         lines.append(f"| {r['name']} | `{' '.join([*r['flags'], *r['overrides']])}` | {pooled} | "
                      f"{r['folds_at_or_above']} of {len(r['fold_deltas'])} | {f1(r['s_f1'])} | {f1(r['v_f1'])} | "
-                     f"{outcome} |")
+                     f"{_same_words(r)} | {outcome} |")
     waiting = [c.name for c in plan.candidates if c.name not in judged]
     lines += ["", f"Adopted so far: `{carried.words()}`.",
               f"Not yet judged: {', '.join(waiting)}." if waiting else "Every candidate is judged: the plan is done."]
     atomic_write_text(out / "plan.md", "\n".join(lines) + "\n")
     return out / "plan.md"
+
+
+def _same_words(row: Dict[str, Any]) -> str:
+    if row.get("restored_from"):
+        return "restored row"
+    same = row.get("same_pretraining")
+    return "unknown" if same is None else f"{same} of {len(row['fold_deltas'])} folds"
 
 
 def register(subparsers: Any) -> None:
@@ -419,6 +568,8 @@ def register(subparsers: Any) -> None:
             "  hlmtune select hlm_61_patients --show > my_plan.yaml   # a plan of your own: edit it before its runs\n"
             "  hlmtune select hlm_61_patients --out outputs/select --max-candidates 1\n"
             "                                  # judge one more candidate (about 1-2 h on 2 CPU cores), then stop\n"
+            "  hlmtune select hlm_61_patients --out /scratch/select --record selection/hlm_61_patients\n"
+            "                                  # figures and verdicts also in a folder you commit\n"
             f"packaged plans: {', '.join(sorted(p.stem for p in PLANS_DIR.glob('*.yaml')))}"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -429,6 +580,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-candidates", type=int, default=None, metavar="N",
                    help="judge at most N more candidates in this call (default: all)")
     p.add_argument("--dry-run", action="store_true", help="print the next hlmtune cv command and stop")
+    p.add_argument("--record", default=None, metavar="REC",
+                   help="a folder of the plan's small files (verdicts, plan.md, each run's figures and report; "
+                        "no model), read first to seed --out and written after every run: commit it to carry "
+                        "a plan across machines")
     p.set_defaults(func=_main)
 
 
@@ -444,7 +599,8 @@ def _main(args: argparse.Namespace) -> int:
             return
         if args.out is None:
             raise ValueError("--out DIR: the job folder (or --show to print the plan)")
-        rows = run_plan(load_plan(path), Path(args.out), max_candidates=args.max_candidates, dry_run=args.dry_run)
+        rows = run_plan(load_plan(path), Path(args.out), max_candidates=args.max_candidates, dry_run=args.dry_run,
+                        record=None if args.record is None else Path(args.record))
         for row in rows:
             print(f"{row['name']}: {describe(row)}")
         if not args.dry_run:
