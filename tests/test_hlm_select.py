@@ -98,7 +98,7 @@ def test_the_rule_carries_an_adopted_setting_into_every_later_candidate(tmp_path
     assert "3 of 3 candidates judged" in summary and "Adopted so far: `a=0 b=1`." in summary
     assert "| small | `c=1` | 0.510 (+0.010) | 4 of 4 | 0.600 (+0.100) |  | 4 of 4 folds | not adopted |" in summary
     assert small_row["same_pretraining"] == 4 and "stopped after fold 2" in summary
-    assert "the plan is done" in summary
+    assert "the plan is done" in summary and "The current baseline: `good/` (pooled macro-F1 0.517)." in summary
 
 
 def test_the_rule_is_at_least_min_gain_and_at_least_min_folds(tmp_path):
@@ -206,6 +206,30 @@ def test_a_record_carries_the_plan_to_a_machine_without_its_folders(tmp_path):
     (out / "verdicts.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=r"rec/verdicts\.jsonl and .*other_machine/verdicts\.jsonl judge 'good' differently"):
         sel.run_plan(sel.load_plan(path), out, runner=fresh, record=rec)
+
+
+def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_machine(tmp_path):
+    rec, out = tmp_path / "rec", tmp_path / "job"
+    (rec / "baseline").mkdir(parents=True)
+    recorded = {"pooled": {"macro_f1": 0.5}, "pretrainings": 1, "folds": [{"fold": 1, "pretrain_sha256": ["ab12"]}]}
+    (rec / "baseline" / "cv_metrics.json").write_text(json.dumps(recorded))
+    fake = FakeCv({"b=1": [0.03] * 4})
+    sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake, max_candidates=1, record=rec)
+    (again, _, _), (good, _, _) = fake.calls
+    assert again[again.index("--out") + 1] == str(out / "baseline") and "--baseline" not in again
+    assert good[good.index("--baseline") + 1] == str(out / "baseline")
+    # the record now holds the figures made here (the fake's names no pretrained models)
+    assert json.loads((rec / "baseline" / "cv_metrics.json").read_text()) == {"pooled": {"macro_f1": 0.5}}
+    ckpt = out / "baseline" / "fold1" / "runs" / "pretrain" / "epoch_0"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    from hlmtune.hlm.cv import pretrain_fingerprints
+    recorded["folds"][0]["pretrain_sha256"] = pretrain_fingerprints(out / "baseline" / "fold1", 1)
+    assert recorded["folds"][0]["pretrain_sha256"] is not None
+    (out / "baseline" / "cv_metrics.json").write_text(json.dumps(recorded))
+    assert sel._own_pretraining(out / "baseline")  # the models its result names are here: nothing re-made
+    (ckpt / "model.safetensors").write_bytes(b"other weights")
+    assert not sel._own_pretraining(out / "baseline")
 
 
 def test_a_lost_adopted_folder_is_remade_with_its_own_settings(tmp_path, capsys):

@@ -26,11 +26,11 @@ verdict is refused), a cut ``hlmtune cv`` keeps its finished stages. DS2 is neve
 ``--record REC`` keeps the plan's small files (``verdicts.jsonl``, ``plan.md`` and each finished
 run's ``cv_metrics.json`` / ``cv_stopped.json`` / ``report.md``, no model) in a second folder, written
 after every run and read first to seed ``--out``: committed to git, it carries a plan across
-machines that do not keep ``--out``. A candidate run on a machine without the baseline's stages
-tokenizes and pretrains again; its report says whether the pretrained models came out with the
-baseline's checkpoint bytes (``same_pretraining`` in its verdict row). An adopted run whose folder
-is lost and not in the record is re-made with its own settings (without ``--baseline``: its
-verdict stands) before the next candidate runs against it.
+machines that do not keep ``--out``. A baseline whose folder lacks its result or the pretrained
+models its result names (another machine's record, stages lost) is re-made on this machine with
+its own settings (an adopted candidate without ``--baseline``: its verdict stands) before the next
+candidate runs against it, since the same settings computed on another host differ; each verdict
+row counts the folds whose pretrained models have the baseline's bytes (``same_pretraining``).
 """
 
 from __future__ import annotations
@@ -408,18 +408,35 @@ class _Baseline:
 
 def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runner: Runner,
                      dry_run: bool) -> bool:
-    """Run the baseline (or re-make a lost adopted run) unless its result is there; False on a dry run."""
-    if _has_result(base.dir):
+    """Run the baseline unless its result and its pretrained models are there; False on a dry run.
+
+    A folder with a result but without the pretrained models it names (seeded from a record on
+    another machine, or its stages lost) is re-made here with its own settings: the next candidate
+    is then judged on the same pretrained models, not against figures from another machine's
+    arithmetic (the same settings on another host moved a fold by 0.006: docs/hlm-experiments.md).
+    An adopted candidate re-made so keeps its verdict; the re-made figures are the next baseline.
+    """
+    if _has_result(base.dir) and _own_pretraining(base.dir):
         return True
     if dry_run:
         print(" ".join(base.command(plan)))
         return False
     name = base.dir.name
-    if name != "baseline":
-        _say(f"{name}: adopted, but its folder holds no result (lost with its machine?): re-making it with its "
-             "own settings; its verdict stands, the re-made figures are the next candidates' baseline")
+    _say(f"{name}: its folder holds no result or not the pretrained models its result names (another machine's "
+         "record, or stages lost): re-making it here with its own settings"
+         + ("" if name == "baseline" else "; its verdict stands, the re-made figures are the next baseline"))
     _run(name, base.command(plan), env, out / f"{name}.log", runner)
     return True
+
+
+def _own_pretraining(run: Path) -> bool:
+    """Whether every fold's pretrained models in ``run`` are the ones its ``cv_metrics.json`` names."""
+    from hlmtune.hlm.cv import pretrain_fingerprints
+
+    path = run / "cv_metrics.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    return all(pretrain_fingerprints(run / f"fold{f['fold']}", int(doc.get("pretrainings", 1))) == f["pretrain_sha256"]
+               for f in doc.get("folds", []) if isinstance(f, dict) and f.get("pretrain_sha256") is not None)
 
 
 def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candidates: Optional[int] = None,
@@ -453,7 +470,7 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
     carried, rows, started = plan.baseline, [], 0
 
     def save() -> None:
-        write_summary(plan, out, rows, carried)
+        write_summary(plan, out, rows, carried, base.dir)
         if record is not None and not dry_run:
             export_record(record, out, ["baseline", *(r["name"] for r in rows)])
 
@@ -504,7 +521,8 @@ def describe(row: Dict[str, Any]) -> str:
             f"{len(row['fold_deltas'])} folds at or above")
 
 
-def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried: Setting) -> Path:
+def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried: Setting,
+                  current: Optional[Path] = None) -> Path:
     """``plan.md``: the baseline, every verdict so far and the settings adopted (written atomically)."""
     from hlmtune.files import atomic_write_text
 
@@ -538,8 +556,11 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
                      f"{r['folds_at_or_above']} of {len(r['fold_deltas'])} | {f1(r['s_f1'])} | {f1(r['v_f1'])} | "
                      f"{_same_words(r)} | {outcome} |")
     waiting = [c.name for c in plan.candidates if c.name not in judged]
-    lines += ["", f"Adopted so far: `{carried.words()}`.",
-              f"Not yet judged: {', '.join(waiting)}." if waiting else "Every candidate is judged: the plan is done."]
+    lines += ["", f"Adopted so far: `{carried.words()}`."]
+    if current is not None and (current / "cv_metrics.json").exists():
+        now = json.loads((current / "cv_metrics.json").read_text())["pooled"]["macro_f1"]
+        lines.append(f"The current baseline: `{current.name}/` (pooled macro-F1 {now:.3f}).")
+    lines.append(f"Not yet judged: {', '.join(waiting)}." if waiting else "Every candidate is judged: the plan is done.")
     atomic_write_text(out / "plan.md", "\n".join(lines) + "\n")
     return out / "plan.md"
 
