@@ -208,12 +208,15 @@ def test_a_record_carries_the_plan_to_a_machine_without_its_folders(tmp_path):
         sel.run_plan(sel.load_plan(path), out, runner=fresh, record=rec)
 
 
-def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_machine(tmp_path):
+def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_machine(tmp_path, capsys):
     rec, out = tmp_path / "rec", tmp_path / "job"
     (rec / "baseline").mkdir(parents=True)
     recorded = {"pooled": {"macro_f1": 0.5}, "pretrainings": 1, "folds": [{"fold": 1, "pretrain_sha256": ["ab12"]}]}
     (rec / "baseline" / "cv_metrics.json").write_text(json.dumps(recorded))
     fake = FakeCv({"b=1": [0.03] * 4})
+    sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake, dry_run=True, record=rec)
+    printed = capsys.readouterr().out.strip().splitlines()  # the next command only: the re-make
+    assert len(printed) == 1 and "--baseline" not in printed[0] and fake.calls == []
     sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake, max_candidates=1, record=rec)
     (again, _, _), (good, _, _) = fake.calls
     assert again[again.index("--out") + 1] == str(out / "baseline") and "--baseline" not in again

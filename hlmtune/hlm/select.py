@@ -481,8 +481,9 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
         else:
             if max_candidates is not None and started >= max_candidates:
                 break
-            if not _ensure_baseline(plan, base, env, out, runner, dry_run) or dry_run:
-                if dry_run and _has_result(base.dir):
+            ready = _ensure_baseline(plan, base, env, out, runner, dry_run)  # on a dry run: printed if not
+            if not ready or dry_run:
+                if ready:
                     print(" ".join(cv_command(plan, out / cand.name, cand, carried, base.dir)))
                 break
             save()  # the baseline's figures reach the record before a candidate can fail
