@@ -303,6 +303,7 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     stopped = json.loads((copy / "cv_stopped.json").read_text())
     assert stopped["stopped"] and stopped["folds_run"] == 1 and stopped["need_folds"] == 2 and stopped["n_folds"] == 2
     assert stopped["folds"][0]["delta"] == pytest.approx(doc["folds"][0]["macro_f1"] - 1.5)
+    assert stopped["folds"][0]["same_pretraining"] is True  # the copy kept the baseline's pretrained models
     assert (copy / "report.md").read_text().startswith("**STOPPED after fold 1 of 2 (`--need-folds 2`)")
 
 

@@ -163,14 +163,15 @@ def test_a_run_judged_against_another_baseline_is_refused(tmp_path):
 
 def test_a_stopped_run_counts_the_folds_that_kept_the_baseline_pretrained_models(tmp_path):
     run, base = tmp_path / "run", tmp_path / "base"
-    run.mkdir(), base.mkdir()
-    (base / "cv_metrics.json").write_text(json.dumps({"folds": [{"fold": 1, "pretrain_sha256": ["a"]},
-                                                                {"fold": 2, "pretrain_sha256": ["b"]}]}))
-    folds = [{"fold": 1, "delta": -0.1, "pretrain_sha256": ["a"]}, {"fold": 2, "delta": -0.2, "pretrain_sha256": ["c"]}]
+    run.mkdir()
+    # cv_stopped.json's fold rows, as cv's write_stopped gives them (same_pretraining: tests/test_hlm_cv.py)
+    folds = [{"fold": 1, "delta": -0.1, "same_pretraining": True}, {"fold": 2, "delta": -0.2, "same_pretraining": False}]
     (run / "cv_stopped.json").write_text(json.dumps({"baseline": str(base), "folds_run": 2, "folds": folds}))
     plan = sel.load_plan(_plan(tmp_path))
     assert sel.verdict(run, base, plan)["same_pretraining"] == 1  # fold 2 pretrained to other bytes
-    (base / "cv_metrics.json").write_text(json.dumps({"pooled": {}}))
+    for f in folds:
+        f["same_pretraining"] = None
+    (run / "cv_stopped.json").write_text(json.dumps({"baseline": str(base), "folds_run": 2, "folds": folds}))
     assert sel.verdict(run, base, plan)["same_pretraining"] is None  # the baseline names none
 
 

@@ -242,6 +242,13 @@ def pretrain_fingerprints(fold_dir: Path, pretrainings: int) -> Optional[List[st
     return out
 
 
+def same_pretraining(row: Dict[str, Any], base_row: Dict[str, Any]) -> Optional[bool]:
+    """Whether two fold rows name the same pretrained models; None when either names none."""
+    if row.get("pretrain_sha256") is None or base_row.get("pretrain_sha256") is None:
+        return None
+    return row["pretrain_sha256"] == base_row["pretrain_sha256"]
+
+
 def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) -> Dict[str, Any]:
     """This run's figures beside a baseline run's (both ``cv_metrics.json`` documents).
 
@@ -261,10 +268,9 @@ def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) 
     """
     mine, theirs = doc["folds"], base["folds"]
     check_same_folds([a["held_out"] for a in mine], base, source)
-    same = lambda a, b: (None if a.get("pretrain_sha256") is None or b.get("pretrain_sha256") is None  # noqa: E731
-                         else a["pretrain_sha256"] == b["pretrain_sha256"])
     folds = [{"fold": a["fold"], "macro_f1": a["macro_f1"], "baseline": b["macro_f1"],
-              "delta": a["macro_f1"] - b["macro_f1"], "same_pretraining": same(a, b)} for a, b in zip(mine, theirs)]
+              "delta": a["macro_f1"] - b["macro_f1"], "same_pretraining": same_pretraining(a, b)}
+             for a, b in zip(mine, theirs)]
     classes = [c for c in doc["classes"] if c in base["pooled"]["per_class"]]
     f1 = lambda r, c: r["per_class"][c]["f1"]  # noqa: E731
     pooled = {"macro_f1": doc["pooled"]["macro_f1"], "baseline": base["pooled"]["macro_f1"],
@@ -538,7 +544,8 @@ def write_stopped(out: Path, res: "FoldResults", base: Dict[str, Any], *, source
     k, n = len(res.rows), len(base["folds"])
     folds = [{"fold": r["fold"], "held_out": r["held_out"], "macro_f1": r["macro_f1"], "baseline": b["macro_f1"],
               "delta": r["macro_f1"] - b["macro_f1"], "per_class": r["per_class"],
-              "pretrain_sha256": r["pretrain_sha256"]} for r, b in zip(res.rows, base["folds"])]
+              "pretrain_sha256": r["pretrain_sha256"], "same_pretraining": same_pretraining(r, b)}
+             for r, b in zip(res.rows, base["folds"])]
     below = sum(f["delta"] < 0 for f in folds)
     doc = {"stopped": True, "data": described, "baseline": source, "need_folds": need_folds, "n_folds": n,
            "folds_run": k, "folds_below": below, "finetune_overrides": list(finetune_overrides), "folds": folds,

@@ -227,13 +227,10 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
         doc = json.loads(stopped.read_text())
         _same_baseline(doc["baseline"], base_dir, stopped)
         deltas = [f["delta"] for f in doc["folds"]]
-        base_folds = _base_folds(base_dir)
-        same = [None if f.get("pretrain_sha256") is None or f.get("fold") not in base_folds
-                else f["pretrain_sha256"] == base_folds[f["fold"]] for f in doc["folds"]]
         return {"adopted": False, "pooled_macro_f1": None, "baseline_macro_f1": None, "pooled_delta": None,
                 "folds_at_or_above": sum(d >= 0 for d in deltas), "fold_deltas": deltas,
                 "stopped_after_fold": doc["folds_run"], "s_f1": None, "v_f1": None,
-                "same_pretraining": _count_same(same)}
+                "same_pretraining": _count_same([f.get("same_pretraining") for f in doc["folds"]])}
     if not done.exists():
         raise ValueError(f"{run_dir}: no cv_metrics.json or cv_stopped.json (the hlmtune cv run did not finish)")
     cmp = json.loads(done.read_text()).get("baseline")
@@ -247,14 +244,6 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
             "pooled_delta": pooled["delta"], "folds_at_or_above": cmp["folds_at_or_above"], "fold_deltas": deltas,
             "stopped_after_fold": None, "s_f1": f1("S"), "v_f1": f1("V"),
             "same_pretraining": _count_same([f.get("same_pretraining") for f in cmp["folds"]])}
-
-
-def _base_folds(base_dir: Path) -> Dict[Any, Any]:
-    """The baseline's ``pretrain_sha256`` per fold (empty when its file does not name them)."""
-    path = base_dir / "cv_metrics.json"
-    doc = json.loads(path.read_text()) if path.exists() else {}
-    return {f["fold"]: f["pretrain_sha256"] for f in doc.get("folds", [])
-            if isinstance(f, dict) and "fold" in f and f.get("pretrain_sha256") is not None}
 
 
 def _count_same(flags: Sequence[Optional[bool]]) -> Optional[int]:
@@ -413,7 +402,7 @@ def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path
     A folder with a result but without the pretrained models it names (seeded from a record on
     another machine, or its stages lost) is re-made here with its own settings: the next candidate
     is then judged on the same pretrained models, not against figures from another machine's
-    arithmetic (the same settings on another host moved a fold by 0.006: docs/hlm-experiments.md).
+    arithmetic (the same settings on another host moved a fold by 0.049: docs/hlm-experiments.md).
     An adopted candidate re-made so keeps its verdict; the re-made figures are the next baseline.
     """
     if _has_result(base.dir) and _own_pretraining(base.dir):
