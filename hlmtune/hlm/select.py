@@ -579,7 +579,7 @@ def register(subparsers: Any) -> None:
             "  hlmtune select hlm_61_patients --show > my_plan.yaml   # a plan of your own: edit it before its runs\n"
             "  hlmtune select hlm_61_patients --out outputs/select --max-candidates 1\n"
             "                                  # judge one more candidate (about 1-2 h on 2 CPU cores), then stop\n"
-            "  hlmtune select hlm_61_patients --out /scratch/select --record selection/hlm_61_patients\n"
+            "  hlmtune select hlm_61_patients --out /scratch/select --record docs/selection/hlm_61_patients\n"
             "                                  # figures and verdicts also in a folder you commit\n"
             f"packaged plans: {', '.join(sorted(p.stem for p in PLANS_DIR.glob('*.yaml')))}"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
