@@ -42,7 +42,7 @@ from hlmtune.hlm.metrics import (  # noqa: F401
 )
 from hlmtune.hlm.report import (  # noqa: F401
     BASELINES, RECORD_TABLE_LEGEND, TIMING_TABLE_LEGEND, baseline_table, class_table, eval_report_markdown, headline,
-    ordered_results, plot_confusion, record_table, timing_table, trained_on,
+    held_out_described, ordered_results, plot_confusion, record_table, timing_table, trained_on,
 )
 
 
@@ -750,10 +750,11 @@ def evaluate(
                                         calibration=calibration)
     random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
     first = results[models[1][0]] if quantized else next(iter(results.values()))
-    tested = external["described"] if external else f"{split} (unseen patients)"
+    split_file = cfg.dataset.get("split_file")
+    tested = external["described"] if external else held_out_described(split, test_ids, split_file=split_file)
     notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
         f"Inter-patient evaluation: trained on {len(train_records)} records "
-        f"({trained_on(train_records, test_ids, split_file=cfg.dataset.get('split_file'))}), tested on {tested}"
+        f"({trained_on(train_records, test_ids, split_file=split_file)}), tested on {tested}"
     )
     subset = f"; first {test.n} of {test.n_total} test examples only (smoke run)" if test.n < test.n_total else ""
     positions = ("beats found by the {} QRS detector, matched to the reference beats within 150 ms".format(detector)

@@ -42,6 +42,22 @@ def trained_on(train: Sequence[str], test: Sequence[str], *, split_file: Optiona
     return " + ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: kv[0] != own))
 
 
+def held_out_described(split: str, test: Sequence[str], *, split_file: Optional[str]) -> str:
+    """What a run was tested on, for the report header (``DS2 (unseen patients)``).
+
+    Without a split file the split is MIT-BIH's own. A split file (``hlmtune cv`` writes one per
+    fold) makes its DS2 the records it holds out, which are training patients of the project,
+    not MIT-BIH DS2, unless they are exactly MIT-BIH DS2: the header says which.
+    """
+    from hlmtune.ecg_tokenizer.splits import MITDB_DS2, database_of
+
+    mitdb = [r.split("/")[-1] for r in test if database_of(r) in ("", "mitdb")]
+    own = len(mitdb) == len(test) and sorted(mitdb) == sorted(MITDB_DS2)
+    if split_file is None or (split == "DS2" and own):
+        return f"{split} (unseen patients)"
+    return f"split file {split} ({len(test)} records held out of training, not MIT-BIH DS2)"
+
+
 def ordered_results(metrics: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     """``metrics["results"]`` in the evaluation's row order (``metrics.json`` sorts its keys),
     the headline row (``metrics["result"]``: calibrated, else the ensemble, else the run) first."""
