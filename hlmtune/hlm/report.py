@@ -49,11 +49,11 @@ def held_out_described(split: str, test: Sequence[str], *, split_file: Optional[
     fold) makes its DS2 the records it holds out, which are training patients of the project,
     not MIT-BIH DS2, unless they are exactly MIT-BIH DS2: the header says which.
     """
-    from hlmtune.ecg_tokenizer.splits import MITDB_DS2, database_of
+    from hlmtune.ecg_tokenizer.splits import MITDB_DS2, TEST, database_of
 
     mitdb = [r.split("/")[-1] for r in test if database_of(r) in ("", "mitdb")]
     own = len(mitdb) == len(test) and sorted(mitdb) == sorted(MITDB_DS2)
-    if split_file is None or (split == "DS2" and own):
+    if split_file is None or (split == TEST and own):
         return f"{split} (unseen patients)"
     return f"split file {split} ({len(test)} records held out of training, not MIT-BIH DS2)"
 
