@@ -15,7 +15,7 @@ import pytest
 
 from hlmtune.hlm import calibrate as cal
 from hlmtune.hlm.cv import (
-    baseline_lines, compare_to_baseline, make_folds, own_result, pooled_members, pretrain_fingerprints,
+    baseline_lines, compare_to_baseline, figure_of, make_folds, own_result, pooled_members, pretrain_fingerprints,
     pretraining_summary, read_baseline, rejected_by_folds,
 )
 
@@ -122,6 +122,37 @@ def test_a_run_is_compared_fold_by_fold_with_its_baseline(tmp_path):
     (tmp_path / "y.json").write_text("{")
     with pytest.raises(ValueError, match="y.json: not JSON"):
         read_baseline(tmp_path / "y.json")
+
+
+def _sv_doc(macro, s, v):
+    """A cv document of two folds: per fold (macro-F1, S F1, V F1); pooled the folds' means."""
+    row = lambda m, a, b: {"macro_f1": m, "per_class": {"N": {"f1": 0.9}, "S": {"f1": a}, "V": {"f1": b}}}  # noqa: E731
+    folds = [dict(row(m, a, b), fold=k + 1, held_out=[f"r{k}"]) for k, (m, a, b) in enumerate(zip(macro, s, v))]
+    return {"classes": ["N", "S", "V"], "folds": folds, "pooled": row(sum(macro) / 2, sum(s) / 2, sum(v) / 2)}
+
+
+def test_a_comparison_by_sv_f1_judges_the_mean_of_s_and_v_f1():
+    base = _sv_doc([0.60, 0.60], [0.50, 0.50], [0.80, 0.80])
+    # macro-F1 lower in both folds (another class lost), S and V F1 higher in fold 1, lower in fold 2
+    new = _sv_doc([0.55, 0.58], [0.60, 0.49], [0.82, 0.79])
+    by_macro = compare_to_baseline(new, base, "b")
+    assert by_macro["figure"] == "macro_f1" and by_macro["folds_at_or_above"] == 0
+    assert [f["figure_delta"] for f in by_macro["folds"]] == [f["delta"] for f in by_macro["folds"]]
+    by_sv = compare_to_baseline(new, base, "b", figure="sv_f1")
+    assert by_sv["figure"] == "sv_f1" and by_sv["folds_at_or_above"] == 1
+    # written out: fold 1 (0.60 + 0.82) / 2 - (0.50 + 0.80) / 2 = +0.06, fold 2 (0.49 + 0.79) / 2 - 0.65 = -0.01
+    assert [round(f["figure_delta"], 6) for f in by_sv["folds"]] == [0.06, -0.01]
+    assert by_sv["folds"][0]["figure_this"] == pytest.approx(0.71) and by_sv["folds"][0]["figure_baseline"] == 0.65
+    assert by_sv["pooled"]["figure_delta"] == pytest.approx(0.025) and by_sv["pooled"]["delta"] == pytest.approx(-0.035)
+    text = "\n".join(baseline_lines(by_sv))
+    assert "| fold 2 sv_f1 | 0.640 | 0.650 | -0.010 |" in text and "| **pooled sv_f1** | **0.675** | **0.650** |" in text
+    assert "Folds at or above the baseline by S/V F1 (mean of S F1 and V F1): 1 of 2." in text
+    assert "sv_f1" not in "\n".join(baseline_lines(by_macro))
+    del new["folds"][1]["per_class"]["V"]  # a fold without V: no such figure, and no silent zero
+    with pytest.raises(ValueError, match="fold 2: no S/V F1 .*this run has no S or V F1"):
+        compare_to_baseline(new, base, "b", figure="sv_f1")
+    with pytest.raises(ValueError, match="known figures are macro_f1, sv_f1"):
+        figure_of(base["pooled"], "s_f1")
 
 
 def test_a_candidate_is_rejected_as_soon_as_the_fold_count_is_out_of_reach():
@@ -274,7 +305,7 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     proc = subprocess.run([*cmd[:2], "--out", str(copy), "--baseline", str(base), *cmd[4:]], capture_output=True,
                           text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"against {base}: pooled macro-F1" in proc.stdout and "(+0.000); folds at or above: 2 of 2" in proc.stdout
+    assert f"against {base}: pooled macro-F1" in proc.stdout and "(+0.000); folds at or above by macro_f1: 2 of 2" in proc.stdout
     # the copy kept its pretrained models: named by the first run's rows, found again in the copy
     assert "same pretrained models in 2 of 2 folds" in proc.stdout
     assert all(len(r["pretrain_sha256"]) == 1 for r in doc["folds"])
@@ -305,6 +336,20 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert stopped["folds"][0]["delta"] == pytest.approx(doc["folds"][0]["macro_f1"] - 1.5)
     assert stopped["folds"][0]["same_pretraining"] is True  # the copy kept the baseline's pretrained models
     assert (copy / "report.md").read_text().startswith("**STOPPED after fold 1 of 2 (`--need-folds 2`)")
+    # --figure sv_f1: the same fold 1 macro-F1 as the baseline's (at, by macro-F1), but a baseline S F1
+    # out of reach: judged by the mean of S and V F1 it is below, and the run stops there
+    high["folds"][0]["macro_f1"] = doc["folds"][0]["macro_f1"]
+    high["folds"][0]["per_class"]["S"]["f1"] = 3.0
+    base.write_text(json.dumps(high))
+    proc = subprocess.run([*cmd[:2], "--out", str(copy), "--baseline", str(base), "--need-folds", "2",
+                           "--figure", "sv_f1", *cmd[4:]], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stopped after fold 1 of 2: rejected: 1 of 1 folds below the baseline" in proc.stdout, proc.stdout
+    stopped = json.loads((copy / "cv_stopped.json").read_text())
+    sv = (doc["folds"][0]["per_class"]["S"]["f1"] + doc["folds"][0]["per_class"]["V"]["f1"]) / 2
+    assert stopped["figure"] == "sv_f1" and stopped["folds"][0]["delta"] == 0.0
+    assert stopped["folds"][0]["figure_delta"] == pytest.approx(sv - (3.0 + doc["folds"][0]["per_class"]["V"]["f1"]) / 2)
+    assert "| fold | S/V F1 (mean of S F1 and V F1) | baseline | difference |" in (copy / "report.md").read_text()
 
 
 def test_bad_cv_arguments_are_one_line(tmp_path):
@@ -321,7 +366,9 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
                  ["--calibrate-classes", "N", "X"], ["--baseline", str(tmp_path / "nothere")],
                  ["--need-folds", "2", "--source", "synthetic", "--folds", "2"],
                  ["--need-folds", "3", "--folds", "2", "--baseline", str(other)],
-                 ["--baseline", str(own), "--source", "synthetic", "--folds", "2"]):
+                 ["--baseline", str(own), "--source", "synthetic", "--folds", "2"],
+                 ["--figure", "sv_f1", "--source", "synthetic", "--folds", "2"],  # a figure judges against a baseline
+                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(other)]):  # whose folds have no S / V F1
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

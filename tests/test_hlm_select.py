@@ -38,7 +38,8 @@ class FakeCv:
     """Stands in for `hlmtune cv`: per candidate override, the fold deltas against its baseline.
 
     A key absent from ``deltas`` is the baseline (pooled macro-F1 0.5); ``stop`` names those that
-    ``--need-folds`` stops after fold 2.
+    ``--need-folds`` stops after fold 2. With ``--figure`` the deltas are that figure's, written as cv
+    writes them, and macro-F1 moves the other way (so a verdict read off macro-F1 would differ).
     """
 
     def __init__(self, deltas: Dict[str, List[float]], stop=(), fail=()):
@@ -59,8 +60,10 @@ class FakeCv:
         base = cmd[cmd.index("--baseline") + 1]
         (out / "cv_metrics.json").unlink(missing_ok=True)  # as cv's clear_summaries
         if key in self.stop:
-            (out / "cv_stopped.json").write_text(json.dumps({"baseline": base, "folds_run": 2,
-                                                             "folds": [{"delta": -0.1}, {"delta": -0.2}]}))
+            doc = {"baseline": base, "folds_run": 2, "folds": [{"delta": -0.1}, {"delta": -0.2}]}
+            if "--figure" in cmd:
+                doc["figure"] = cmd[cmd.index("--figure") + 1]
+            (out / "cv_stopped.json").write_text(json.dumps(doc))
             return 0
         d = self.deltas[key]
         pooled = 0.5 + sum(d) / len(d)
@@ -68,6 +71,11 @@ class FakeCv:
         cmp = {"source": base, "folds_at_or_above": sum(x >= 0 for x in d), "folds": folds,
                "pooled": {"macro_f1": pooled, "baseline": 0.5, "delta": pooled - 0.5,
                           "f1": {"S": {"this": 0.6, "baseline": 0.5}}}}
+        if "--figure" in cmd:
+            cmp["figure"] = cmd[cmd.index("--figure") + 1]
+            cmp["folds"] = [{"delta": -x, "figure_delta": x, "same_pretraining": True} for x in d]
+            cmp["pooled"].update(macro_f1=1 - pooled, delta=0.5 - pooled, figure_this=pooled, figure_baseline=0.5,
+                                 figure_delta=pooled - 0.5)
         (out / "cv_metrics.json").write_text(json.dumps({"pooled": {"macro_f1": pooled}, "baseline": cmp}))
         return 0
 
@@ -81,6 +89,7 @@ def test_the_rule_carries_an_adopted_setting_into_every_later_candidate(tmp_path
     (base_cmd, env, _), (good, _, _), (small, _, _), (early, _, _) = fake.calls
     assert env == "1"  # the plan's environment reaches every run
     assert "--baseline" not in base_cmd and base_cmd[-1] == "a=0"
+    assert not any("--figure" in c for c, _, _ in fake.calls)  # macro-F1: the commands as before rule.figure
     # the first candidate against the baseline, the next ones against it: its folder, its override
     assert good[good.index("--baseline") + 1] == str(out / "baseline") and good[-2:] == ["a=0", "b=1"]
     assert small[small.index("--baseline") + 1] == str(out / "good") and small[-3:] == ["a=0", "b=1", "c=1"]
@@ -128,6 +137,29 @@ def test_a_rerun_resumes_and_refuses_a_plan_changed_after_its_verdicts(tmp_path,
     changed = _plan(tmp_path, candidates=[{"name": "good", "overrides": ["b=2"]}])
     with pytest.raises(ValueError, match=r"'good' was judged with .*b=1.*the plan now says .*b=2"):
         sel.run_plan(sel.load_plan(changed), out, runner=never)
+
+
+def test_a_rule_by_sv_f1_judges_and_reports_that_figure(tmp_path):
+    path = _plan(tmp_path, rule={"min_gain": 0.015, "min_folds": 3, "figure": "sv_f1"})
+    out, plan = tmp_path / "job", sel.load_plan(path)
+    # S/V F1 up in 3 of 4 folds and pooled (macro-F1 down, see FakeCv): adopted; c=1 not (gain 0.005)
+    fake = FakeCv({"b=1": [0.03, 0.03, 0.01, -0.001], "c=1": [0.01, 0.01, 0.0, 0.0]}, stop={"9"})
+    rows = sel.run_plan(plan, out, runner=fake)
+    assert [r["adopted"] for r in rows] == [True, False, False]
+    good = fake.calls[1][0]
+    assert good[good.index("--figure") + 1] == "sv_f1" and good.index("--figure") > good.index("--need-folds")
+    assert rows[0]["figure"] == "sv_f1" and rows[0]["pooled_figure"] == [pytest.approx(0.51725), 0.5]
+    assert rows[0]["pooled_delta"] == pytest.approx(0.01725) and rows[0]["pooled_macro_f1"] == pytest.approx(0.48275)
+    assert rows[0]["fold_deltas"] == [0.03, 0.03, 0.01, -0.001]
+    summary = (out / "plan.md").read_text()
+    assert "Rule: adopted when the pooled ensemble S/V F1 (mean of S F1 and V F1) is at least +0.015" in summary
+    assert "| good | `b=1` | 0.517 (+0.017) | 3 of 4 |" in summary
+    assert sel.describe(rows[0]).startswith("ADOPTED: pooled S/V F1 (mean of S F1 and V F1) 0.517 vs 0.500 (+0.017)")
+    # verdicts of one figure are not resumed under a rule of another, nor a run judged by another read
+    with pytest.raises(ValueError, match=r"'good' was judged with .*'figure': 'sv_f1'.*the plan now says .*macro_f1"):
+        sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=FakeCv({}))
+    with pytest.raises(ValueError, match=r"good/cv_metrics.json: judged by sv_f1, but the plan's rule judges by macro_f1"):
+        sel.verdict(out / "good", out / "baseline", sel.load_plan(_plan(tmp_path)))
 
 
 def test_a_failed_run_names_its_log_and_leaves_no_verdict(tmp_path):
@@ -258,6 +290,8 @@ def test_a_lost_adopted_folder_is_remade_with_its_own_settings(tmp_path, capsys)
     ({"candidatse": []}, r"unknown key 'candidatse' \(did you mean 'candidates'\?\)"),
     ({"rule": {"min_gian": 0.1}}, r"rule: unknown key 'min_gian' \(did you mean 'min_gain'\?\)"),
     ({"rule": {"min_folds": 5}}, r"rule\.min_folds: between 1 and the plan's 4 folds, got 5"),
+    ({"rule": {"figure": "sv_f2"}}, r"rule\.figure: 'sv_f2' is not a figure \(did you mean 'sv_f1'\?\); known: macro_f1, sv_f1"),
+    ({"cv": ["--folds", "4", "--figure", "sv_f1"]}, r"cv: --figure is the rule's \(rule\.figure\)"),
     ({"cv": ["--folds", "2", "--baseline", "x"]}, r"cv: --baseline is set by hlmtune select itself"),
     ({"candidates": [{"name": "a", "overrides": ["b"]}]}, r"candidates\[0\]\.overrides: 'b' is not key=value"),
     ({"candidates": [{"name": "a", "overides": ["b=1"]}]}, r"candidates\[0\]: unknown key 'overides' \(did you mean 'overrides'\?\)"),

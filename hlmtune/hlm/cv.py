@@ -28,7 +28,10 @@ what that alone moves), so a lever is judged against a baseline on the same pret
 With ``--need-folds M`` beside ``--baseline`` a candidate stops as soon as fewer than M folds can
 still end at or above the baseline (the adoption rule's fold count: docs/hlm.md): its verdict is
 then known without the remaining folds, which on 2 CPU cores are half an hour each. A stopped run
-writes ``cv_stopped.json`` and a report that says so, never ``cv_metrics.json``.
+writes ``cv_stopped.json`` and a report that says so, never ``cv_metrics.json``. ``--figure``
+names what the fold count and the pooled difference judge (:data:`FIGURES`): macro-F1 (default),
+or ``sv_f1``, the mean of the S and V F1, a figure that a class of a few hundred beats in two
+folds (F) does not swing.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from hlmtune.helpformat import RawDefaultsHelpFormatter
 from hlmtune.hlm.pipeline import PRETRAIN_STEPS, pretrain_dirs
 
 CLASSES_BALANCED = ("S", "V")  # spread evenly over folds, rarest first: the classes the issue scores
+# what a comparison with a baseline judges (``--figure``): the name, as reports write it
+FIGURES = {"macro_f1": "macro-F1", "sv_f1": "S/V F1 (mean of S F1 and V F1)"}
 
 
 def _say(msg: str) -> None:
@@ -249,35 +254,74 @@ def same_pretraining(row: Dict[str, Any], base_row: Dict[str, Any]) -> Optional[
     return row["pretrain_sha256"] == base_row["pretrain_sha256"]
 
 
-def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str) -> Dict[str, Any]:
+def figure_of(row: Dict[str, Any], figure: str) -> Optional[float]:
+    """The figure ``figure`` (a key of :data:`FIGURES`) of a fold row or a pooled result.
+
+    Args:
+        row (Dict): ``macro_f1`` and ``per_class`` (class -> ``{"f1": ...}``), as a cv fold row,
+            ``pooled`` or a member has them.
+        figure (str): ``macro_f1``, or ``sv_f1``: (S F1 + V F1) / 2.
+
+    Returns:
+        Optional[float]: the figure; None when the row lacks a class it needs (or its F1 is None,
+        a class neither present nor predicted).
+
+    Raises:
+        ValueError: an unknown figure (naming the known ones).
+    """
+    if figure == "macro_f1":
+        return row["macro_f1"]
+    if figure != "sv_f1":
+        raise ValueError(f"--figure {figure!r}: known figures are {', '.join(FIGURES)}")
+    f1 = [(row.get("per_class") or {}).get(c, {}).get("f1") for c in ("S", "V")]
+    return None if None in f1 else (f1[0] + f1[1]) / 2
+
+
+def _figure_pair(a: Dict[str, Any], b: Dict[str, Any], figure: str, where: str) -> Dict[str, float]:
+    """``figure_this`` / ``figure_baseline`` / ``figure_delta`` of a row beside its baseline's."""
+    x, y = figure_of(a, figure), figure_of(b, figure)
+    if x is None or y is None:
+        raise ValueError(f"{where}: no {FIGURES[figure]} ({'this run' if x is None else 'the baseline'} has no "
+                         "S or V F1 there): judge it by --figure macro_f1")
+    return {"figure_this": x, "figure_baseline": y, "figure_delta": x - y}
+
+
+def compare_to_baseline(doc: Dict[str, Any], base: Dict[str, Any], source: str, *,
+                        figure: str = "macro_f1") -> Dict[str, Any]:
     """This run's figures beside a baseline run's (both ``cv_metrics.json`` documents).
 
     Args:
         doc (Dict): this run's document (``folds``, ``pooled``, optional ``pooled_members``).
         base (Dict): the baseline's document.
         source (str): where the baseline came from (for the report).
+        figure (str): what ``folds_at_or_above`` counts and ``figure_delta`` holds (:data:`FIGURES`).
 
     Returns:
-        Dict: ``folds`` (per fold: this, baseline, delta of macro-F1, and ``same_pretraining``:
-        True / False when both rows name their pretrained models, else None),
-        ``folds_at_or_above``, ``pooled`` (this, baseline, delta of macro-F1 and of each class's
-        F1), and the members' mean pooled macro-F1 of each run where both have members.
+        Dict: ``figure``; ``folds`` (per fold: this, baseline, delta of macro-F1, the same of
+        ``figure`` as ``figure_this`` / ``figure_baseline`` / ``figure_delta``, and
+        ``same_pretraining``: True / False when both rows name their pretrained models, else
+        None), ``folds_at_or_above`` (by ``figure``), ``pooled`` (this, baseline, delta of
+        macro-F1, of ``figure`` and of each class's F1), and the members' mean pooled macro-F1 of
+        each run where both have members.
 
     Raises:
-        ValueError: the two runs hold out different records in some fold (not the same folds).
+        ValueError: the two runs hold out different records in some fold (not the same folds),
+            or a row lacks what ``figure`` needs.
     """
     mine, theirs = doc["folds"], base["folds"]
     check_same_folds([a["held_out"] for a in mine], base, source)
     folds = [{"fold": a["fold"], "macro_f1": a["macro_f1"], "baseline": b["macro_f1"],
-              "delta": a["macro_f1"] - b["macro_f1"], "same_pretraining": same_pretraining(a, b)}
+              "delta": a["macro_f1"] - b["macro_f1"], **_figure_pair(a, b, figure, f"fold {a['fold']}"),
+              "same_pretraining": same_pretraining(a, b)}
              for a, b in zip(mine, theirs)]
     classes = [c for c in doc["classes"] if c in base["pooled"]["per_class"]]
     f1 = lambda r, c: r["per_class"][c]["f1"]  # noqa: E731
     pooled = {"macro_f1": doc["pooled"]["macro_f1"], "baseline": base["pooled"]["macro_f1"],
               "delta": doc["pooled"]["macro_f1"] - base["pooled"]["macro_f1"],
+              **_figure_pair(doc["pooled"], base["pooled"], figure, "pooled"),
               "f1": {c: {"this": f1(doc["pooled"], c), "baseline": f1(base["pooled"], c)} for c in classes}}
-    out = {"source": source, "folds": folds, "folds_at_or_above": sum(f["delta"] >= 0 for f in folds),
-           "pooled": pooled}
+    out = {"source": source, "figure": figure, "folds": folds,
+           "folds_at_or_above": sum(f["figure_delta"] >= 0 for f in folds), "pooled": pooled}
     means = [[m["macro_f1"] for m in d.get("pooled_members", [])] for d in (doc, base)]
     if all(means):
         out["members_mean_macro_f1"] = {"this": float(np.mean(means[0])), "baseline": float(np.mean(means[1]))}
@@ -340,8 +384,14 @@ def baseline_lines(cmp: Dict[str, Any]) -> List[str]:
         m = cmp["members_mean_macro_f1"]
         lines.append(f"| members' mean pooled macro-F1 | {m['this']:.3f} | {m['baseline']:.3f} | "
                      f"{d(m['this'] - m['baseline'])} |")
-    lines += ["", f"Folds at or above the baseline: {cmp['folds_at_or_above']} of {len(cmp['folds'])}.", "",
-              pretraining_sentence(cmp), ""]
+    figure = cmp.get("figure", "macro_f1")
+    if figure != "macro_f1":
+        lines += [f"| fold {f['fold']} {figure} | {f['figure_this']:.3f} | {f['figure_baseline']:.3f} | "
+                  f"{d(f['figure_delta'])} |" for f in cmp["folds"]]
+        lines.append(f"| **pooled {figure}** | **{p['figure_this']:.3f}** | **{p['figure_baseline']:.3f}** | "
+                     f"**{d(p['figure_delta'])}** |")
+    lines += ["", f"Folds at or above the baseline by {FIGURES[figure]}: {cmp['folds_at_or_above']} of "
+              f"{len(cmp['folds'])}.", "", pretraining_sentence(cmp), ""]
     return lines
 
 
@@ -389,7 +439,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 
 def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
                     calibrate_classes: Optional[Sequence[str]], baseline: Optional[Path],
-                    need_folds: Optional[int]) -> Optional[Dict[str, Any]]:
+                    need_folds: Optional[int], figure: str = "macro_f1") -> Optional[Dict[str, Any]]:
     """Refuse bad ``hlmtune cv`` input before anything is written; returns the baseline's document.
 
     Raises:
@@ -404,10 +454,17 @@ def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
         raise ValueError("--need-folds counts folds at or above a baseline: give --baseline DIR")
     if need_folds is not None and not 1 <= need_folds <= folds:
         raise ValueError(f"--need-folds {need_folds}: between 1 and --folds ({folds})")
+    if figure not in FIGURES:
+        raise ValueError(f"--figure {figure!r}: known figures are {', '.join(FIGURES)}")
+    if figure != "macro_f1" and baseline is None:
+        raise ValueError(f"--figure {figure} is what a comparison with a baseline judges: give --baseline DIR")
     base = read_baseline(Path(baseline)) if baseline is not None else None
     if baseline is not None and own_result(Path(baseline), out):
         raise ValueError(f"--baseline {baseline}: that is this run's own result, which the run replaces; "
                          f"copy the folder and give the copy as --out (cp -r {out} {out}_b)")
+    for row in base["folds"] if base is not None and figure != "macro_f1" else ():
+        if not isinstance(row, dict) or figure_of(row, figure) is None:
+            raise ValueError(f"--baseline {baseline}: fold {row.get('fold')} has no {FIGURES[figure]} (no S or V F1)")
     return base
 
 
@@ -417,6 +474,7 @@ def run_cv(
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
     pretrain_seed: int = 0, svdb: Optional[str] = "auto", need_folds: Optional[int] = None,
+    figure: str = "macro_f1",
 ) -> Path:
     """Cross-validate the main job's model inside DS1; returns the report path.
 
@@ -445,16 +503,18 @@ def run_cv(
         need_folds (Optional[int]): with ``baseline``: stop after the fold that leaves fewer than
             this many folds able to end at or above the baseline's macro-F1
             (:func:`rejected_by_folds`), writing ``cv_stopped.json`` and a report that says so.
+        figure (str): with ``baseline``: what the fold count and the pooled difference judge
+            (:data:`FIGURES`: ``macro_f1``, or ``sv_f1``, the mean of S and V F1).
         svdb (Optional[str]): extra training patients of every fold (``auto``: ``$HLM_DATA/svdb``
             with MIT-BIH data; a folder; None / ``none``), as ``hlmtune demo --svdb``; never held out.
     """
-    from hlmtune.files import atomic_write_bytes, atomic_write_text, ensure_dir
+    from hlmtune.files import ensure_dir
     from hlmtune.hlm import calibrate
     from hlmtune.hlm.pipeline import examples_trained
-    from hlmtune.hlm.report import cv_report_markdown
 
     base = check_arguments(out=Path(out), folds=folds, finetune_overrides=finetune_overrides,
-                           calibrate_classes=calibrate_classes, baseline=baseline, need_folds=need_folds)
+                           calibrate_classes=calibrate_classes, baseline=baseline, need_folds=need_folds,
+                           figure=figure)
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
     setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline)
@@ -462,10 +522,10 @@ def run_cv(
     job = dict(nproc=nproc, pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval, force=force,
                finetune_overrides=finetune_overrides)
-    stop = None if need_folds is None else ([row["macro_f1"] for row in base["folds"]], need_folds)
+    stop = None if need_folds is None else (base["folds"], need_folds, figure)
     res = run_folds(setup, out, stop=stop, **job)
     if res.stopped_after is not None:
-        return write_stopped(out, res, base, source=str(baseline), need_folds=need_folds,
+        return write_stopped(out, res, base, source=str(baseline), need_folds=need_folds, figure=figure,
                              described=setup.described, wall_s=time.perf_counter() - t0,
                              finetune_overrides=finetune_overrides)
     summary = {
@@ -482,10 +542,20 @@ def run_cv(
                                 summary={k: doc[k] for k in (*summary, "cv_macro_f1_uncalibrated",
                                                              "cv_macro_f1_nested_calibration",
                                                              "cv_macro_f1_fitted_in_sample")})
+    return write_results(out, doc, res, base=base, baseline=baseline, figure=figure)
+
+
+def write_results(out: Path, doc: Dict[str, Any], res: "FoldResults", *, base: Optional[Dict[str, Any]],
+                  baseline: Optional[Path], figure: str) -> Path:
+    """Stage 4 of a finished run: ``cv_metrics.json`` (``doc``, with the members pooled seed by seed
+    and, given a baseline, :func:`compare_to_baseline` by ``figure``) and ``report.md``; returns the report."""
+    from hlmtune.files import atomic_write_bytes, atomic_write_text
+    from hlmtune.hlm.report import cv_report_markdown
+
     members = pooled_members(res.metrics, res.classes)
     if members:
         doc["pooled_members"] = members
-    cmp = compare_to_baseline(doc, base, str(baseline)) if base is not None else None
+    cmp = compare_to_baseline(doc, base, str(baseline), figure=figure) if base is not None else None
     if cmp is not None:
         doc["baseline"] = cmp
     atomic_write_bytes(out / "cv_metrics.json", (json.dumps(doc, indent=1) + "\n").encode())
@@ -537,17 +607,19 @@ def rejected_by_folds(deltas: Sequence[float], n_folds: int, need: int) -> bool:
 
 
 def write_stopped(out: Path, res: "FoldResults", base: Dict[str, Any], *, source: str, need_folds: int,
-                  described: str, wall_s: float, finetune_overrides: Sequence[str]) -> Path:
+                  described: str, wall_s: float, finetune_overrides: Sequence[str], figure: str = "macro_f1") -> Path:
     """``cv_stopped.json`` and ``report.md`` of a run stopped by ``--need-folds``; returns the report."""
     from hlmtune.files import atomic_write_bytes, atomic_write_text
 
     k, n = len(res.rows), len(base["folds"])
     folds = [{"fold": r["fold"], "held_out": r["held_out"], "macro_f1": r["macro_f1"], "baseline": b["macro_f1"],
-              "delta": r["macro_f1"] - b["macro_f1"], "per_class": r["per_class"],
-              "pretrain_sha256": r["pretrain_sha256"], "same_pretraining": same_pretraining(r, b)}
+              "delta": r["macro_f1"] - b["macro_f1"], **_figure_pair(r, b, figure, f"fold {r['fold']}"),
+              "per_class": r["per_class"], "pretrain_sha256": r["pretrain_sha256"],
+              "same_pretraining": same_pretraining(r, b)}
              for r, b in zip(res.rows, base["folds"])]
-    below = sum(f["delta"] < 0 for f in folds)
-    doc = {"stopped": True, "data": described, "baseline": source, "need_folds": need_folds, "n_folds": n,
+    below = sum(f["figure_delta"] < 0 for f in folds)
+    doc = {"stopped": True, "data": described, "baseline": source, "figure": figure, "need_folds": need_folds,
+           "n_folds": n,
            "folds_run": k, "folds_below": below, "finetune_overrides": list(finetune_overrides), "folds": folds,
            "wall_s": wall_s,
            "verdict": f"rejected: {below} of {k} folds below the baseline, so at most {n - below} of {n} can be at or "
@@ -561,9 +633,10 @@ def write_stopped(out: Path, res: "FoldResults", base: Dict[str, Any], *, source
         "",
         f"Data: {described}." + (f" Overrides: `{' '.join(finetune_overrides)}`." if finetune_overrides else ""),
         "",
-        "| fold | macro-F1 | baseline | difference |",
+        f"| fold | {FIGURES[figure]} | baseline | difference |",
         "|---|---|---|---|",
-        *[f"| {f['fold']} | {f['macro_f1']:.3f} | {f['baseline']:.3f} | {f['delta']:+.3f} |" for f in folds],
+        *[f"| {f['fold']} | {f['figure_this']:.3f} | {f['figure_baseline']:.3f} | {f['figure_delta']:+.3f} |"
+          for f in folds],
         "",
         "Rerun without `--need-folds` to run the remaining folds (the finished ones are kept).",
         "",
@@ -635,12 +708,13 @@ class FoldResults:
     stopped_after: Optional[int] = None  # the fold after which ``--need-folds`` stopped the run
 
 
-def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[float], int]] = None,
+def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[str, Any]], int, str]] = None,
               **job: Any) -> FoldResults:
     """Stage 2: the main job's stages on each fold (its held-out patients as the test split).
 
-    ``stop``: (the baseline's fold macro-F1s, folds needed at or above them): the folds end as
-    soon as :func:`rejected_by_folds` says the rest cannot change the verdict."""
+    ``stop``: (the baseline's fold rows, folds needed at or above them, the figure compared: a key
+    of :data:`FIGURES`): the folds end as soon as :func:`rejected_by_folds` says the rest cannot
+    change the verdict."""
     from hlmtune.hlm.evaluate import headline
     from hlmtune.hlm.pipeline import run_pipeline
 
@@ -664,7 +738,7 @@ def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[float]
                          "per_class": r["per_class"],
                          "pretrain_sha256": pretrain_fingerprints(fold_dir, int(job["pretrainings"]))})
         if stop is not None:
-            deltas = [row["macro_f1"] - b for row, b in zip(res.rows, stop[0])]
+            deltas = [figure_of(row, stop[2]) - figure_of(b, stop[2]) for row, b in zip(res.rows, stop[0])]
             if k + 1 < len(setup.parts) and rejected_by_folds(deltas, len(setup.parts), stop[1]):
                 _say(f"stopping after fold {k + 1}: {sum(d < 0 for d in deltas)} folds below the baseline, "
                      f"so fewer than {stop[1]} of {len(setup.parts)} can end at or above it (--need-folds)")
@@ -748,6 +822,10 @@ def register(subparsers: Any) -> None:
                         "macro-F1 (the adoption rule's count, e.g. 3 of 4 in docs/hlm.md): the candidate is rejected "
                         "without its remaining folds; writes cv_stopped.json and a report marked STOPPED (rerun "
                         "without it to finish the folds)")
+    p.add_argument("--figure", choices=sorted(FIGURES), default="macro_f1",
+                   help="with --baseline: the figure the fold count (and --need-folds) and the pooled difference "
+                        "judge: macro-F1 over the classes, or sv_f1, the mean of S F1 and V F1 (not swung by a class "
+                        "of a few hundred beats held by one or two folds)")
     add_job_arguments(p, out="outputs/cv", each=" per fold")
     p.set_defaults(func=lambda args: _main(args, run_job))
 
@@ -764,7 +842,7 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
                         model=args.model, seeds=args.seeds, pretrainings=args.pretrainings, pretrain_seed=args.pretrain_seed,
                         max_eval=args.max_eval, force=args.force,
                         finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
-                        baseline=args.baseline, svdb=args.svdb, need_folds=args.need_folds)
+                        baseline=args.baseline, svdb=args.svdb, need_folds=args.need_folds, figure=args.figure)
         from hlmtune.hlm.evaluate import class_table
 
         stopped = report.parent / "cv_stopped.json"
@@ -782,8 +860,10 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
         if "baseline" in doc:
             cmp = doc["baseline"]
             print(f"against {cmp['source']}: pooled macro-F1 {cmp['pooled']['macro_f1']:.3f} vs "
-                  f"{cmp['pooled']['baseline']:.3f} ({cmp['pooled']['delta']:+.3f}); folds at or above: "
-                  f"{cmp['folds_at_or_above']} of {len(cmp['folds'])}; "
+                  f"{cmp['pooled']['baseline']:.3f} ({cmp['pooled']['delta']:+.3f}); "
+                  + (f"pooled {args.figure} {cmp['pooled']['figure_this']:.3f} vs {cmp['pooled']['figure_baseline']:.3f} "
+                     f"({cmp['pooled']['figure_delta']:+.3f}); " if args.figure != "macro_f1" else "")
+                  + f"folds at or above by {args.figure}: {cmp['folds_at_or_above']} of {len(cmp['folds'])}; "
                   f"{pretraining_summary(cmp)}")
         print(f"calibration: {report.parent / 'calibration.json'}")
         return report

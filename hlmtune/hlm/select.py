@@ -2,12 +2,13 @@
 
 A plan (YAML, written before its runs) names a baseline, an ordered list of candidate settings
 and the adoption rule (docs/hlm.md: a candidate replaces the baseline when its pooled ensemble
-macro-F1 is at least ``min_gain`` above the baseline's and at least ``min_folds`` folds are at or
-above the baseline's)::
+figure is at least ``min_gain`` above the baseline's and at least ``min_folds`` folds are at or
+above the baseline's; the figure is macro-F1 unless ``rule.figure`` names another of
+:data:`hlmtune.hlm.cv.FIGURES`, e.g. ``sv_f1``, the mean of S and V F1)::
 
     cv: [--folds, "4", --seeds, "3"]           # flags of every `hlmtune cv` run of the plan
     env: {HLM_ONEDNN_LINEAR: "0"}              # environment of every run
-    rule: {min_gain: 0.015, min_folds: 3}
+    rule: {min_gain: 0.015, min_folds: 3}       # figure: macro_f1 (default) or sv_f1
     baseline: {overrides: []}
     candidates:
       - {name: examples36k, overrides: [dataset.num_examples=36000], why: "..."}
@@ -50,11 +51,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from hlmtune.hlm.cv import FIGURES
 from hlmtune.training.options import closest
 
 PLANS_DIR = Path(__file__).parent / "plans"
 PLAN_KEYS = ("description", "cv", "env", "rule", "baseline", "candidates")
-RULE_KEYS = ("min_gain", "min_folds")
+RULE_KEYS = ("min_gain", "min_folds", "figure")
 RUN_KEYS = ("name", "overrides", "flags", "why")
 # flags the driver sets itself: a plan naming them would judge against the wrong folder
 OWNED_FLAGS = ("--out", "--baseline", "--need-folds")
@@ -95,6 +97,12 @@ class Plan:
     baseline: Setting
     candidates: Tuple[Setting, ...]
     description: str = ""
+    figure: str = "macro_f1"  # what min_gain and min_folds judge: a key of hlmtune.hlm.cv.FIGURES
+
+    @property
+    def figure_words(self) -> str:
+        """The rule's figure as reports name it."""
+        return FIGURES[self.figure]
 
 
 def _check_keys(where: str, mapping: Any, allowed: Sequence[str]) -> Dict[str, Any]:
@@ -188,7 +196,13 @@ def load_plan(path: Path) -> Plan:
         raise ValueError(f"{where}: rule.min_gain: a number, got {min_gain!r}")
     if not isinstance(min_folds, int) or not 1 <= min_folds <= folds:
         raise ValueError(f"{where}: rule.min_folds: between 1 and the plan's {folds} folds, got {min_folds!r}")
-    return Plan(source=Path(path), cv=cv, env={k: str(v) for k, v in env.items()}, min_gain=float(min_gain),
+    figure = rule.get("figure", "macro_f1")
+    if figure not in FIGURES:
+        raise ValueError(f"{where}: rule.figure: {figure!r} is not a figure{closest(str(figure), list(FIGURES))}; "
+                         f"known: {', '.join(FIGURES)}")
+    if any(f == "--figure" or f.startswith("--figure=") for f in cv):
+        raise ValueError(f"{where}: cv: --figure is the rule's (rule.figure), set by hlmtune select itself")
+    return Plan(figure=figure, source=Path(path), cv=cv, env={k: str(v) for k, v in env.items()}, min_gain=float(min_gain),
                 min_folds=min_folds, baseline=_setting(f"{where}: baseline", raw.get("baseline") or {}, name="base"),
                 candidates=candidates, description=str(raw.get("description", "")).strip())
 
@@ -214,20 +228,28 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
         plan (Plan): the rule.
 
     Returns:
-        Dict: ``adopted``, ``pooled_macro_f1`` / ``baseline_macro_f1`` / ``pooled_delta`` (None when
-        stopped), ``folds_at_or_above``, ``fold_deltas``, ``stopped_after_fold`` (None when every
-        fold ran), ``s_f1`` / ``v_f1`` (this run, baseline; None when stopped), ``same_pretraining``
-        (folds whose pretrained models have the baseline's checkpoint bytes; None when unknown).
+        Dict: ``adopted``, ``figure`` (the rule's), ``pooled_macro_f1`` / ``baseline_macro_f1``
+        (None when stopped), ``pooled_figure`` (this run, baseline: the rule's figure; None when
+        stopped), ``pooled_delta`` (of the rule's figure; None when stopped),
+        ``folds_at_or_above``, ``fold_deltas`` (of the rule's figure), ``stopped_after_fold`` (None
+        when every fold ran), ``s_f1`` / ``v_f1`` (this run, baseline; None when stopped),
+        ``same_pretraining`` (folds whose pretrained models have the baseline's checkpoint bytes;
+        None when unknown).
 
     Raises:
-        ValueError: neither file exists, or the run was judged against another baseline.
+        ValueError: neither file exists, the run was judged against another baseline, or by
+            another figure than the rule's.
     """
     stopped, done = run_dir / "cv_stopped.json", run_dir / "cv_metrics.json"
+    # files written before cv named its figure judged by macro-F1, in "delta"
+    delta = lambda f: f.get("figure_delta", f.get("delta"))  # noqa: E731
     if stopped.exists():
         doc = json.loads(stopped.read_text())
         _same_baseline(doc["baseline"], base_dir, stopped)
-        deltas = [f["delta"] for f in doc["folds"]]
-        return {"adopted": False, "pooled_macro_f1": None, "baseline_macro_f1": None, "pooled_delta": None,
+        _same_figure(doc, plan, stopped)
+        deltas = [delta(f) for f in doc["folds"]]
+        return {"adopted": False, "figure": plan.figure, "pooled_macro_f1": None, "baseline_macro_f1": None,
+                "pooled_figure": None, "pooled_delta": None,
                 "folds_at_or_above": sum(d >= 0 for d in deltas), "fold_deltas": deltas,
                 "stopped_after_fold": doc["folds_run"], "s_f1": None, "v_f1": None,
                 "same_pretraining": _count_same([f.get("same_pretraining") for f in doc["folds"]])}
@@ -237,11 +259,14 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
     if cmp is None:
         raise ValueError(f"{done}: run without --baseline, so it cannot be judged")
     _same_baseline(cmp["source"], base_dir, done)
-    pooled, deltas = cmp["pooled"], [f["delta"] for f in cmp["folds"]]
+    _same_figure(cmp, plan, done)
+    pooled, deltas = cmp["pooled"], [delta(f) for f in cmp["folds"]]
     f1 = lambda c: [pooled["f1"][c]["this"], pooled["f1"][c]["baseline"]] if c in pooled["f1"] else None  # noqa: E731
-    return {"adopted": pooled["delta"] >= plan.min_gain and cmp["folds_at_or_above"] >= plan.min_folds,
-            "pooled_macro_f1": pooled["macro_f1"], "baseline_macro_f1": pooled["baseline"],
-            "pooled_delta": pooled["delta"], "folds_at_or_above": cmp["folds_at_or_above"], "fold_deltas": deltas,
+    return {"adopted": delta(pooled) >= plan.min_gain and cmp["folds_at_or_above"] >= plan.min_folds,
+            "figure": plan.figure, "pooled_macro_f1": pooled["macro_f1"], "baseline_macro_f1": pooled["baseline"],
+            "pooled_figure": [pooled.get("figure_this", pooled["macro_f1"]),
+                              pooled.get("figure_baseline", pooled["baseline"])],
+            "pooled_delta": delta(pooled), "folds_at_or_above": cmp["folds_at_or_above"], "fold_deltas": deltas,
             "stopped_after_fold": None, "s_f1": f1("S"), "v_f1": f1("V"),
             "same_pretraining": _count_same([f.get("same_pretraining") for f in cmp["folds"]])}
 
@@ -249,6 +274,12 @@ def verdict(run_dir: Path, base_dir: Path, plan: Plan) -> Dict[str, Any]:
 def _count_same(flags: Sequence[Optional[bool]]) -> Optional[int]:
     """Folds known to share the baseline's pretrained models; None when no fold is known."""
     return None if all(v is None for v in flags) else sum(v is True for v in flags)
+
+
+def _same_figure(doc: Dict[str, Any], plan: Plan, where: Path) -> None:
+    judged = doc.get("figure", "macro_f1")
+    if judged != plan.figure:
+        raise ValueError(f"{where}: judged by {judged}, but the plan's rule judges by {plan.figure}")
 
 
 def _same_baseline(source: str, base_dir: Path, where: Path) -> None:
@@ -270,6 +301,8 @@ def cv_command(plan: Plan, out: Path, setting: Setting, carried: Setting, base: 
     cmd = [sys.executable, "-m", "hlmtune.cli", "cv", "--out", str(out), *plan.cv, *carried.flags, *setting.flags]
     if base is not None:
         cmd += ["--baseline", str(base), "--need-folds", str(plan.min_folds)]
+        if plan.figure != "macro_f1":  # the default's commands stay as plans before rule.figure ran them
+            cmd += ["--figure", plan.figure]
     return [*cmd, *carried.overrides, *setting.overrides]
 
 
@@ -297,10 +330,11 @@ def _read_verdicts(path: Path) -> Dict[str, Dict[str, Any]]:
     return rows
 
 
-def _check_row(row: Dict[str, Any], cand: Setting, carried: Setting, path: Path) -> None:
+def _check_row(row: Dict[str, Any], plan: Plan, cand: Setting, carried: Setting, path: Path) -> None:
     planned = {"overrides": list(cand.overrides), "flags": list(cand.flags),
-               "carried": [*carried.flags, *carried.overrides]}
+               "carried": [*carried.flags, *carried.overrides], "figure": plan.figure}
     ran = {k: row.get(k) for k in planned}
+    ran["figure"] = row.get("figure", "macro_f1")  # rows written before rule.figure: macro-F1
     if ran != planned:
         raise ValueError(f"{path}: {cand.name!r} was judged with {ran}, the plan now says {planned}: a plan is "
                          "written before its runs (start a new --out for a new plan)")
@@ -466,7 +500,7 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
     for cand in plan.candidates:
         if cand.name in done:
             row = done[cand.name]
-            _check_row(row, cand, carried, log_path)
+            _check_row(row, plan, cand, carried, log_path)
         else:
             if max_candidates is not None and started >= max_candidates:
                 break
@@ -506,8 +540,9 @@ def describe(row: Dict[str, Any]) -> str:
     if row["stopped_after_fold"] is not None:
         return (f"rejected after fold {row['stopped_after_fold']} (--need-folds): fold deltas "
                 + " / ".join(f"{d:+.3f}" for d in row["fold_deltas"]))
-    return (f"{'ADOPTED' if row['adopted'] else 'not adopted'}: pooled macro-F1 {row['pooled_macro_f1']:.3f} vs "
-            f"{row['baseline_macro_f1']:.3f} ({row['pooled_delta']:+.3f}), {row['folds_at_or_above']} of "
+    this, base = row.get("pooled_figure") or (row["pooled_macro_f1"], row["baseline_macro_f1"])
+    return (f"{'ADOPTED' if row['adopted'] else 'not adopted'}: pooled {FIGURES[row.get('figure', 'macro_f1')]} "
+            f"{this:.3f} vs {base:.3f} ({row['pooled_delta']:+.3f}), {row['folds_at_or_above']} of "
             f"{len(row['fold_deltas'])} folds at or above")
 
 
@@ -529,17 +564,18 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
         f"# Model-selection plan `{plan.source.name}`: {len(rows)} of {len(plan.candidates)} candidates judged",
         "",
         "Every figure is patient-wise cross-validation over the training patients (`hlmtune cv`); DS2 was not read.",
-        f"Rule: adopted when the pooled ensemble macro-F1 is at least {plan.min_gain:+.3f} above the baseline's and "
-        f"at least {plan.min_folds} folds are at or above it.",
+        f"Rule: adopted when the pooled ensemble {plan.figure_words} is at least {plan.min_gain:+.3f} above the "
+        f"baseline's and at least {plan.min_folds} folds are at or above it.",
         "",
         f"Baseline (`{plan.baseline.words()}`): {base_line}",
         "",
-        "| candidate | setting | pooled macro-F1 (vs its baseline) | folds at or above | S F1 | V F1 "
+        f"| candidate | setting | pooled {plan.figure_words} (vs its baseline) | folds at or above | S F1 | V F1 "
         "| baseline's pretrained models | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        pooled = "" if r["pooled_macro_f1"] is None else f"{r['pooled_macro_f1']:.3f} ({r['pooled_delta']:+.3f})"
+        this = (r.get("pooled_figure") or [r["pooled_macro_f1"]])[0]
+        pooled = "" if this is None else f"{this:.3f} ({r['pooled_delta']:+.3f})"
         outcome = ("adopted" if r["adopted"] else "not adopted" if r["stopped_after_fold"] is None
                    else f"stopped after fold {r['stopped_after_fold']}")
         lines.append(f"| {r['name']} | `{' '.join([*r['flags'], *r['overrides']])}` | {pooled} | "
