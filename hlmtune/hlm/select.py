@@ -58,8 +58,9 @@ PLANS_DIR = Path(__file__).parent / "plans"
 PLAN_KEYS = ("description", "cv", "env", "rule", "baseline", "candidates")
 RULE_KEYS = ("min_gain", "min_folds", "figure")
 RUN_KEYS = ("name", "overrides", "flags", "why")
-# flags the driver sets itself: a plan naming them would judge against the wrong folder
-OWNED_FLAGS = ("--out", "--baseline", "--need-folds")
+# flags the driver sets itself: a plan naming them would judge against the wrong folder, or by
+# another figure than its rule's (``--figure`` comes from ``rule.figure``)
+OWNED_FLAGS = ("--out", "--baseline", "--need-folds", "--figure")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what ``--record`` keeps of each run: the figures and the report, none of the stages
 RECORD_FILES = ("cv_metrics.json", "cv_stopped.json", "report.md")
@@ -200,8 +201,6 @@ def load_plan(path: Path) -> Plan:
     if figure not in FIGURES:
         raise ValueError(f"{where}: rule.figure: {figure!r} is not a figure{closest(str(figure), list(FIGURES))}; "
                          f"known: {', '.join(FIGURES)}")
-    if any(f == "--figure" or f.startswith("--figure=") for f in cv):
-        raise ValueError(f"{where}: cv: --figure is the rule's (rule.figure), set by hlmtune select itself")
     return Plan(figure=figure, source=Path(path), cv=cv, env={k: str(v) for k, v in env.items()}, min_gain=float(min_gain),
                 min_folds=min_folds, baseline=_setting(f"{where}: baseline", raw.get("baseline") or {}, name="base"),
                 candidates=candidates, description=str(raw.get("description", "")).strip())
