@@ -738,7 +738,8 @@ def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[s
                          "per_class": r["per_class"],
                          "pretrain_sha256": pretrain_fingerprints(fold_dir, int(job["pretrainings"]))})
         if stop is not None:
-            deltas = [figure_of(row, stop[2]) - figure_of(b, stop[2]) for row, b in zip(res.rows, stop[0])]
+            deltas = [_figure_pair(row, b, stop[2], f"fold {row['fold']}")["figure_delta"]
+                      for row, b in zip(res.rows, stop[0])]
             if k + 1 < len(setup.parts) and rejected_by_folds(deltas, len(setup.parts), stop[1]):
                 _say(f"stopping after fold {k + 1}: {sum(d < 0 for d in deltas)} folds below the baseline, "
                      f"so fewer than {stop[1]} of {len(setup.parts)} can end at or above it (--need-folds)")
