@@ -359,6 +359,8 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
                            "--baseline", str(other)], capture_output=True, text=True)
     assert proc.returncode == 2 and "fold 1 holds out x1 there" in proc.stderr, proc.stderr
     assert not (tmp_path / "cv" / "fold1").exists()
+    junk = tmp_path / "junk.json"
+    junk.write_text(json.dumps({"folds": ["x1", {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
     own = tmp_path / "cv" / "cv_metrics.json"  # a finished run's figures: not its own rerun's baseline
     own.parent.mkdir(exist_ok=True)
     own.write_text(json.dumps({"folds": [{"held_out": ["x1"]}, {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
@@ -368,7 +370,8 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
                  ["--need-folds", "3", "--folds", "2", "--baseline", str(other)],
                  ["--baseline", str(own), "--source", "synthetic", "--folds", "2"],
                  ["--figure", "sv_f1", "--source", "synthetic", "--folds", "2"],  # a figure judges against a baseline
-                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(other)]):  # whose folds have no S / V F1
+                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(other)],  # whose folds have no S / V F1
+                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(junk)]):  # or a fold row that is no row
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -462,9 +462,9 @@ def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
     if baseline is not None and own_result(Path(baseline), out):
         raise ValueError(f"--baseline {baseline}: that is this run's own result, which the run replaces; "
                          f"copy the folder and give the copy as --out (cp -r {out} {out}_b)")
-    for row in base["folds"] if base is not None and figure != "macro_f1" else ():
+    for k, row in enumerate(base["folds"] if base is not None and figure != "macro_f1" else (), start=1):
         if not isinstance(row, dict) or figure_of(row, figure) is None:
-            raise ValueError(f"--baseline {baseline}: fold {row.get('fold')} has no {FIGURES[figure]} (no S or V F1)")
+            raise ValueError(f"--baseline {baseline}: fold {k} has no {FIGURES[figure]} (no S or V F1)")
     return base
 
 
