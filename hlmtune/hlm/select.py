@@ -534,12 +534,19 @@ def _judge(plan: Plan, out: Path, cand: Setting, carried: Setting, base: Path, e
     return row
 
 
+def _pooled_figure(row: Dict[str, Any]) -> Tuple[Optional[float], Optional[float]]:
+    """A verdict row's pooled figure of its rule (this run, baseline); rows written before
+    ``rule.figure`` hold macro-F1 only. (None, None) for a stopped run."""
+    pair = row.get("pooled_figure") or (row["pooled_macro_f1"], row["baseline_macro_f1"])
+    return pair[0], pair[1]
+
+
 def describe(row: Dict[str, Any]) -> str:
     """One line per verdict: the figures the rule used and the outcome."""
     if row["stopped_after_fold"] is not None:
         return (f"rejected after fold {row['stopped_after_fold']} (--need-folds): fold deltas "
                 + " / ".join(f"{d:+.3f}" for d in row["fold_deltas"]))
-    this, base = row.get("pooled_figure") or (row["pooled_macro_f1"], row["baseline_macro_f1"])
+    this, base = _pooled_figure(row)
     return (f"{'ADOPTED' if row['adopted'] else 'not adopted'}: pooled {FIGURES[row.get('figure', 'macro_f1')]} "
             f"{this:.3f} vs {base:.3f} ({row['pooled_delta']:+.3f}), {row['folds_at_or_above']} of "
             f"{len(row['fold_deltas'])} folds at or above")
@@ -573,7 +580,7 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        this = (r.get("pooled_figure") or [r["pooled_macro_f1"]])[0]
+        this = _pooled_figure(r)[0]
         pooled = "" if this is None else f"{this:.3f} ({r['pooled_delta']:+.3f})"
         outcome = ("adopted" if r["adopted"] else "not adopted" if r["stopped_after_fold"] is None
                    else f"stopped after fold {r['stopped_after_fold']}")
