@@ -12,8 +12,9 @@ Where things live:
 ``hlmtune.hlm.evaluate``      ``hlmtune eval``: per-class Se / +P / F1, confusion matrix, the
                               published inter-patient baselines beside ours
 ``hlmtune.hlm.pipeline``      ``hlmtune demo``: data -> tokenize -> pretrain -> LoRA -> eval -> report
-``hlmtune.hlm.cv``            ``hlmtune cv``: patient-wise K-fold cross-validation inside DS1 (model
-                              selection without DS2), pooled out-of-fold predictions
+``hlmtune.hlm.cv``            ``hlmtune cv``: patient-wise K-fold cross-validation over the training
+                              patients (model selection without DS2), pooled out-of-fold
+                              predictions
 ``hlmtune.hlm.calibrate``     class bias on the class log-probabilities, fitted on those only
 ============================  ==================================================================
 

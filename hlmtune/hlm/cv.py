@@ -1,4 +1,4 @@
-"""``hlmtune cv``: patient-wise K-fold cross-validation inside DS1, for model selection.
+"""``hlmtune cv``: patient-wise K-fold cross-validation over the training patients, for model selection.
 
 DS2 is the test split and chooses nothing. What does choose (inputs, example counts, decision
 thresholds) needs held-out patients too, and one fold of five records is a noisy judge: two
@@ -476,7 +476,7 @@ def run_cv(
     pretrain_seed: int = 0, svdb: Optional[str] = "auto", need_folds: Optional[int] = None,
     figure: str = "macro_f1",
 ) -> Path:
-    """Cross-validate the main job's model inside DS1; returns the report path.
+    """Cross-validate the main job's model over the training patients; returns the report path.
 
     Args:
         out (Path): work folder (shared tokens, one folder per fold, the pooled report).
@@ -779,9 +779,10 @@ def register(subparsers: Any) -> None:
     """Add ``hlmtune cv``."""
     p = subparsers.add_parser(
         "cv",
-        help="patient-wise K-fold cross-validation inside DS1 (model selection without DS2) + class-bias calibration",
+        help="patient-wise K-fold cross-validation over the training patients (model selection without DS2) + "
+             "class-bias calibration",
         description=textwrap.fill(
-            "Split the DS1 records into K folds (S and V beats spread evenly), run the main job's stages per fold "
+            "Split the training patients (DS1, + svdb when present) into K folds (S and V beats spread evenly), run the main job's stages per fold "
             "(pretrain on the fold's training records, LoRA fine-tune, predict the held-out patients), pool the "
             "out-of-fold predictions (per fold, pooled, per record and by the beat's timing), and write report.md, cv_metrics.json and "
             "calibration.json (a per-class bias "
@@ -820,7 +821,7 @@ def register(subparsers: Any) -> None:
                         "baseline on the same pretrained models")
     p.add_argument("--need-folds", type=int, default=None, metavar="M",
                    help="with --baseline: stop as soon as fewer than M folds can still end at or above the baseline's "
-                        "macro-F1 (the adoption rule's count, e.g. 3 of 4 in docs/hlm.md): the candidate is rejected "
+                        "figure (--figure) (the adoption rule's count, e.g. 3 of 4 in docs/hlm.md): the candidate is rejected "
                         "without its remaining folds; writes cv_stopped.json and a report marked STOPPED (rerun "
                         "without it to finish the folds)")
     p.add_argument("--figure", choices=sorted(FIGURES), default="macro_f1",

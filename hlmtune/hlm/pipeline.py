@@ -791,7 +791,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
                    help=f"pretraining steps{each} (8 x 512 tokens per rank each; more than an epoch of "
                         "packed windows (~800 on DS1 at 2 ranks) start the windows closer together, so that one "
                         "epoch holds them)")
-    p.add_argument("--finetune-examples", type=int, default=24000, help=f"LoRA fine-tuning examples from DS1{each}")
+    p.add_argument("--finetune-examples", type=int, default=24000, help=f"LoRA fine-tuning examples from the training records{each}")
     p.add_argument("--seeds", type=int, default=1,
                    help=f"LoRA fine-tunes{each} with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
                         "and an evaluation pass, ~5 min with MIT-BIH on 2 cores)")
