@@ -36,12 +36,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_ecg_quality"),
                     help="work folder; a rerun resumes from the runs it holds (default: outputs/bench_ecg_quality)")
     ap.add_argument("--data", default=None, help="MIT-BIH folder (default $HLM_DATA/mitdb)")
-    from hlmtune.hlm.pipeline import PRETRAIN_STEPS  # light: no torch
+    from hlmtune.hlm.pipeline import FINETUNE_EXAMPLES, PRETRAIN_STEPS  # light: no torch
 
     ap.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS,
                     help=f"pretraining steps (default {PRETRAIN_STEPS}: chosen over 200 by hlmtune cv, docs/hlm.md)")
-    ap.add_argument("--finetune-examples", type=int, default=24000,
-                    help="LoRA examples (default 24,000, as make demo: chosen on held-out DS1 records)")
+    ap.add_argument("--finetune-examples", type=int, default=FINETUNE_EXAMPLES,
+                    help=f"LoRA examples (default {FINETUNE_EXAMPLES:,}, as make demo: chosen on held-out DS1 records)")
     ap.add_argument("--model", default="hlm_1m",
                     help="HLM size: hlm_1m (default), hlm_10m or hlm_100m (~6x / ~50x slower per token here)")
     ap.add_argument("--seeds", type=int, default=3,

@@ -63,7 +63,9 @@ def test_flags_reach_the_pipeline_and_the_verdicts_follow_the_confusion(monkeypa
     (kw,) = calls
     assert kw["pretrain_seed"] == 1 and kw["seeds"] == 2 and kw["pretrainings"] == 1 and kw["source"] == "mitdb"
     assert kw["pretrain_steps"] == pipeline.PRETRAIN_STEPS
-    assert "pretrain 600 steps (seed 1), fine-tune 24000 examples x 2 seeds" in out
+    assert kw["finetune_examples"] == pipeline.FINETUNE_EXAMPLES
+    assert (f"pretrain {pipeline.PRETRAIN_STEPS} steps (seed 1), fine-tune {pipeline.FINETUNE_EXAMPLES} examples "
+            "x 2 seeds") in out
     assert "S F1 = 0.500 (target >= 0.6: MISS)" in out
     assert "V F1 = 0.923 (target >= 0.9: PASS)" in out
     assert "training (pretrain + fine-tune) 10.0 min (budget 30 min: PASS)" in out

@@ -384,6 +384,16 @@ def test_pretrain_config_runs_as_long_as_the_main_job():
     assert cfg["max_steps_per_epoch"] == PRETRAIN_STEPS
 
 
+def test_lora_config_fine_tunes_as_many_examples_as_the_main_job():
+    """configs/ecg_lora.yaml, run by hand, draws the examples `hlmtune demo` / `hlmtune cv` / ecg_quality do."""
+    import yaml
+
+    from hlmtune.hlm.pipeline import FINETUNE_EXAMPLES
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "ecg_lora.yaml").read_text())
+    assert cfg["dataset"]["num_examples"] == FINETUNE_EXAMPLES
+
+
 def test_pretrain_steps_beyond_an_epoch_overlap_the_windows(tmp_path):
     """--pretrain-steps more than an epoch of packed windows holds: windows start closer, one epoch holds the steps."""
     sys.path.insert(0, str(Path(__file__).parent))

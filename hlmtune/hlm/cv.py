@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hlmtune.helpformat import RawDefaultsHelpFormatter
-from hlmtune.hlm.pipeline import PRETRAIN_STEPS, pretrain_dirs
+from hlmtune.hlm.pipeline import FINETUNE_EXAMPLES, PRETRAIN_STEPS, pretrain_dirs
 
 CLASSES_BALANCED = ("S", "V")  # spread evenly over folds, rarest first: the classes the issue scores
 # what a comparison with a baseline judges (``--figure``): the name, as reports write it
@@ -470,7 +470,7 @@ def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
 
 def run_cv(
     *, out: Path, data: Optional[str] = None, source: str = "auto", folds: int = 4, nproc: int = 2,
-    pretrain_steps: int = PRETRAIN_STEPS, finetune_examples: int = 24000, model: str = "hlm_1m", seeds: int = 1,
+    pretrain_steps: int = PRETRAIN_STEPS, finetune_examples: int = FINETUNE_EXAMPLES, model: str = "hlm_1m", seeds: int = 1,
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
     pretrain_seed: int = 0, svdb: Optional[str] = "auto", need_folds: Optional[int] = None,

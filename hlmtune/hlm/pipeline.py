@@ -49,6 +49,10 @@ SYNTHETIC_MARK = "SYNTHETIC"  # file in a database written by synthetic_database
 # Pretraining steps of the main job, `hlmtune cv` and benchmarks/ecg_quality.py: 600 beat 200 in DS1
 # cross-validation (docs/hlm.md, "pretraining 600 steps instead of 200"); ~5 min on 2 CPU ranks.
 PRETRAIN_STEPS = 600
+# LoRA fine-tuning examples of the same three (each fine-tune's `dataset.num_examples`), and
+# configs/ecg_lora.yaml's, so that `tune run` on the config trains what the main job does:
+# 24,000 beat 12,000 on held-out DS1 records (docs/hlm.md); ~3 min per fine-tune on 2 CPU ranks.
+FINETUNE_EXAMPLES = 24000
 # Version of what the evaluation stage writes, kept in its stage stamp: an evaluation stamped
 # with an older version (or none) is redone on rerun, the trained models kept. 2: predictions.npz
 # names each test beat's record (the per-record tables of the report and of `hlmtune cv`); 3: and
@@ -466,7 +470,7 @@ def _stage_summary(name: str, steps: List[Dict[str, Any]], seconds: Optional[flo
 
 def run_pipeline(
     *, out: Path, data: Optional[str] = None, source: str = "auto", nproc: int = 2, pretrain_steps: int = PRETRAIN_STEPS,
-    finetune_examples: int = 24000, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
+    finetune_examples: int = FINETUNE_EXAMPLES, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
     calibration: Optional[Path] = None, pretrainings: int = 1, job_root: Optional[Path] = None,
     pretrain_seed: int = 0, svdb: Optional[str] = "auto",
@@ -791,7 +795,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, out: str, each: str) -> Non
                    help=f"pretraining steps{each} (8 x 512 tokens per rank each; more than an epoch of "
                         "packed windows (~800 on DS1 at 2 ranks) start the windows closer together, so that one "
                         "epoch holds them)")
-    p.add_argument("--finetune-examples", type=int, default=24000, help=f"LoRA fine-tuning examples from the training records{each}")
+    p.add_argument("--finetune-examples", type=int, default=FINETUNE_EXAMPLES, help=f"LoRA fine-tuning examples from the training records{each}")
     p.add_argument("--seeds", type=int, default=1,
                    help=f"LoRA fine-tunes{each} with seeds 0..K-1, evaluated as one ensemble (each adds a fine-tune "
                         "and an evaluation pass, ~5 min with MIT-BIH on 2 cores)")
