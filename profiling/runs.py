@@ -317,6 +317,27 @@ def find_run_dirs(paths: Iterable[str | os.PathLike]) -> Tuple[List[Path], List[
     return sorted(found), problems
 
 
+def _read_json(path: Path, *, mapping: bool = True) -> Any:
+    """The JSON document in ``path``, or None when the file does not exist.
+
+    Args:
+        path (Path): the file.
+        mapping (bool): the document must be a JSON object.
+
+    Raises:
+        RunReadError: invalid JSON, or not an object where ``mapping``; the message names the file.
+    """
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise RunReadError(f"{path}: not valid JSON ({e})") from None
+    if mapping and not isinstance(doc, dict):
+        raise RunReadError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
 def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) -> Dict[str, Any]:
     """Read one run directory.
 
@@ -334,29 +355,15 @@ def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) 
         RunReadError: unreadable ``run.json`` / ``summary.json`` or a corrupt steps line.
     """
     d = Path(run_dir)
-    run: Dict[str, Any] = {}
     notes: List[str] = []
-    if (d / RUN_FILE).exists():
-        try:
-            run = json.loads((d / RUN_FILE).read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise RunReadError(f"{d / RUN_FILE}: not valid JSON ({e})") from None
-        if not isinstance(run, dict):
-            raise RunReadError(f"{d / RUN_FILE}: expected a JSON object, got {type(run).__name__}")
-    else:
+    run: Dict[str, Any] = _read_json(d / RUN_FILE) or {}
+    if not (d / RUN_FILE).exists():
         notes.append(f"{d / RUN_FILE} missing: metadata unknown")
     records: List[Dict[str, Any]] = []
     lost: List[str] = []  # steps.jsonl lines that could not be read
     if (d / STEPS_FILE).exists():
         records, lost = read_steps(d / STEPS_FILE)
-    written: Optional[Dict[str, Any]] = None
-    if (d / SUMMARY_FILE).exists():
-        try:
-            written = json.loads((d / SUMMARY_FILE).read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise RunReadError(f"{d / SUMMARY_FILE}: not valid JSON ({e})") from None
-        if not isinstance(written, dict):
-            raise RunReadError(f"{d / SUMMARY_FILE}: expected a JSON object, got {type(written).__name__}")
+    written: Optional[Dict[str, Any]] = _read_json(d / SUMMARY_FILE)
     w = warmup_steps if warmup_steps is not None else int(run.get("warmup_steps", 1) or 0)
     summary = summarize_steps(records, warmup_steps=w, world_size=int(run.get("world_size") or 1))
     # summary.json is written by close() only, from every line of steps.jsonl as it was then.
@@ -374,10 +381,5 @@ def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) 
         summary["wall_time_s"] = written.get("wall_time_s")
     else:
         notes.append(f"{d / SUMMARY_FILE} missing: run killed or still running (partial record)")
-    api = None
-    if (d / API_SUMMARY_FILE).exists():
-        try:
-            api = json.loads((d / API_SUMMARY_FILE).read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise RunReadError(f"{d / API_SUMMARY_FILE}: not valid JSON ({e})") from None
+    api = _read_json(d / API_SUMMARY_FILE, mapping=False)
     return {"dir": str(d), "run": run, "summary": summary, "steps": records, "notes": notes, "api": api}
