@@ -356,9 +356,10 @@ def load_run(run_dir: str | os.PathLike, *, warmup_steps: Optional[int] = None) 
     """
     d = Path(run_dir)
     notes: List[str] = []
-    run: Dict[str, Any] = _read_json(d / RUN_FILE) or {}
-    if not (d / RUN_FILE).exists():
+    run: Optional[Dict[str, Any]] = _read_json(d / RUN_FILE)
+    if run is None:
         notes.append(f"{d / RUN_FILE} missing: metadata unknown")
+        run = {}
     records: List[Dict[str, Any]] = []
     lost: List[str] = []  # steps.jsonl lines that could not be read
     if (d / STEPS_FILE).exists():
