@@ -350,6 +350,25 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert stopped["figure"] == "sv_f1" and stopped["folds"][0]["delta"] == 0.0
     assert stopped["folds"][0]["figure_delta"] == pytest.approx(sv - (3.0 + doc["folds"][0]["per_class"]["V"]["f1"]) / 2)
     assert "| fold | S/V F1 (mean of S F1 and V F1) | baseline | difference |" in (copy / "report.md").read_text()
+    # --check-pretraining: fold 1 up to its pretrained model, in a folder of its own; the same settings
+    # on this host give the baseline's bytes, and a baseline naming other bytes is told apart
+    check = tmp_path / "check"
+    args = [*cmd[:2], "--out", str(check), "--baseline", str(base), "--check-pretraining", *cmd[4:]]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    digest = doc["folds"][0]["pretrain_sha256"][0]
+    assert f"fold 1's pretrained model: {digest} here" in proc.stdout and "the same bytes" in proc.stdout, proc.stdout
+    answer = json.loads((check / "pretrain_check.json").read_text())
+    assert answer["same"] and answer["pretrain_sha256"] == answer["baseline_pretrain_sha256"] == digest
+    assert answer["held_out"] == folds[0] and answer["baseline"] == str(base)
+    assert sorted(p.name for p in (check / "fold1" / "runs").iterdir()) == ["pretrain"]  # no fine-tune
+    assert not (check / "fold2").exists() and not (check / "cv_metrics.json").exists()
+    high["folds"][0]["pretrain_sha256"] = ["0" * 16]
+    base.write_text(json.dumps(high))
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "other bytes: this host computes otherwise" in proc.stdout and "finished before, kept" in proc.stderr
+    assert json.loads((check / "pretrain_check.json").read_text())["same"] is False
 
 
 def test_bad_cv_arguments_are_one_line(tmp_path):
@@ -371,7 +390,10 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
                  ["--baseline", str(own), "--source", "synthetic", "--folds", "2"],
                  ["--figure", "sv_f1", "--source", "synthetic", "--folds", "2"],  # a figure judges against a baseline
                  ["--figure", "sv_f1", "--folds", "2", "--baseline", str(other)],  # whose folds have no S / V F1
-                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(junk)]):  # or a fold row that is no row
+                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(junk)],  # or a fold row that is no row
+                 ["--check-pretraining", "--source", "synthetic", "--folds", "2"],  # compared with a baseline
+                 ["--check-pretraining", "--folds", "2", "--baseline", str(other)],  # that names its models
+                 ["--check-pretraining", "--need-folds", "1", "--folds", "2", "--baseline", str(other)]):
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

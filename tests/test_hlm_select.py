@@ -40,14 +40,24 @@ class FakeCv:
     A key absent from ``deltas`` is the baseline (pooled macro-F1 0.5); ``stop`` names those that
     ``--need-folds`` stops after fold 2. With ``--figure`` the deltas are that figure's, written as cv
     writes them, and macro-F1 moves the other way (so a verdict read off macro-F1 would differ).
+    ``host``: the digest fold 1 pretrains to under ``--check-pretraining`` (written as cv writes
+    ``pretrain_check.json``).
     """
 
-    def __init__(self, deltas: Dict[str, List[float]], stop=(), fail=()):
-        self.deltas, self.stop, self.fail, self.calls = deltas, set(stop), set(fail), []
+    def __init__(self, deltas: Dict[str, List[float]], stop=(), fail=(), host="another host's"):
+        self.deltas, self.stop, self.fail, self.calls, self.host = deltas, set(stop), set(fail), [], host
 
     def __call__(self, cmd: List[str], env: Dict[str, str], log: Path) -> int:
         self.calls.append((cmd, env.get("HLM_TEST_ENV"), log))
         out = Path(cmd[cmd.index("--out") + 1])
+        if "--check-pretraining" in cmd:
+            base = Path(cmd[cmd.index("--baseline") + 1])
+            theirs = json.loads((base / "cv_metrics.json").read_text())["folds"][0]["pretrain_sha256"][0]
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "pretrain_check.json").write_text(json.dumps(
+                {"pretrain_sha256": self.host, "baseline_pretrain_sha256": theirs, "same": self.host == theirs,
+                 "cpu": "fake"}))
+            return 0
         key = next((w for w in cmd if w in self.stop or w in self.fail), None)  # the candidate's own word
         key = key or next((w for w in reversed(cmd) if w in self.deltas), None)
         if key in self.fail:
@@ -248,10 +258,13 @@ def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_mac
     (rec / "baseline" / "cv_metrics.json").write_text(json.dumps(recorded))
     fake = FakeCv({"b=1": [0.03] * 4})
     sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake, dry_run=True, record=rec)
-    printed = capsys.readouterr().out.strip().splitlines()  # the next command only: the re-make
-    assert len(printed) == 1 and "--baseline" not in printed[0] and fake.calls == []
+    printed = capsys.readouterr().out.strip().splitlines()  # the next command only: fold 1's pretraining
+    assert len(printed) == 1 and fake.calls == []
+    assert printed[0].endswith(f"--out {out / 'baseline.pretrain_check'} --folds 4 --baseline {out / 'baseline'} "
+                               "--check-pretraining a=0")
     sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake, max_candidates=1, record=rec)
-    (again, _, _), (good, _, _) = fake.calls
+    (check, _, _), (again, _, _), (good, _, _) = fake.calls  # this host pretrains to other bytes: re-made
+    assert "--check-pretraining" in check and "other bytes" in capsys.readouterr().err
     assert again[again.index("--out") + 1] == str(out / "baseline") and "--baseline" not in again
     assert good[good.index("--baseline") + 1] == str(out / "baseline")
     # the record now holds the figures made here (the fake's names no pretrained models)
@@ -266,6 +279,42 @@ def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_mac
     assert sel._own_pretraining(out / "baseline")  # the models its result names are here: nothing re-made
     (ckpt / "model.safetensors").write_bytes(b"other weights")
     assert not sel._own_pretraining(out / "baseline")
+
+
+def test_a_recorded_baseline_stands_where_this_host_pretrains_to_its_bytes(tmp_path, capsys):
+    rec, out, path = tmp_path / "rec", tmp_path / "job", _plan(tmp_path)
+    (rec / "baseline").mkdir(parents=True)
+    recorded = {"pooled": {"macro_f1": 0.5}, "pretrainings": 1,
+                "folds": [{"fold": 1, "pretrain_sha256": ["ab12"]}, {"fold": 2, "pretrain_sha256": ["cd34"]}]}
+    (rec / "baseline" / "cv_metrics.json").write_text(json.dumps(recorded))
+    fake = FakeCv({"b=1": [0.03] * 4}, host="ab12")
+    rows = sel.run_plan(sel.load_plan(path), out, runner=fake, max_candidates=1, record=rec)
+    (check, _, _), (good, _, _) = fake.calls  # one pretraining, then the candidate: no re-made baseline
+    assert check[check.index("--out") + 1] == str(out / "baseline.pretrain_check") and check[-1] == "a=0"
+    assert good[good.index("--baseline") + 1] == str(out / "baseline") and rows[0]["adopted"]
+    assert "ab12 here (fake), ab12 in its result: the same bytes" in capsys.readouterr().err
+    assert json.loads((rec / "baseline" / "cv_metrics.json").read_text()) == recorded  # the recorded figures stand
+    assert _files(rec) == ["baseline/cv_metrics.json", "good/cv_metrics.json", "plan.md", "verdicts.jsonl"]
+
+    def unjudged() -> None:  # "good" not judged yet: the baseline is needed again
+        shutil.rmtree(out / "good")
+        (out / "verdicts.jsonl").unlink()
+
+    # an answer left for this digest is read, not asked again; one for another digest is not trusted
+    unjudged()
+    fake.calls.clear()
+    sel.run_plan(sel.load_plan(path), out, runner=fake, max_candidates=1)
+    assert [c[c.index("--out") + 1] for c, _, _ in fake.calls] == [str(out / "good")]
+    unjudged()
+    answer = out / "baseline.pretrain_check" / "pretrain_check.json"
+    answer.write_text(answer.read_text().replace("ab12", "ef56"))
+    sel.run_plan(sel.load_plan(path), out, runner=fake, dry_run=True)
+    assert "--check-pretraining" in capsys.readouterr().out  # asked again, not read off the stale answer
+    recorded["folds"][0]["pretrain_sha256"] = None  # a result that names no models: re-made, nothing to check
+    (out / "baseline" / "cv_metrics.json").write_text(json.dumps(recorded))
+    sel.run_plan(sel.load_plan(path), out, runner=fake, dry_run=True)
+    printed = capsys.readouterr().out.split()
+    assert "--check-pretraining" not in printed and printed[printed.index("--out") + 1] == str(out / "baseline")
 
 
 def test_a_lost_adopted_folder_is_remade_with_its_own_settings(tmp_path, capsys):
@@ -300,6 +349,9 @@ def test_a_lost_adopted_folder_is_remade_with_its_own_settings(tmp_path, capsys)
      r"the name 'a' is used twice"),
     ({"candidates": [{"name": "a"}]}, r"'a' has neither overrides nor flags"),
     ({"candidates": [{"name": "../x", "overrides": ["b=1"]}]}, r"candidates\[0\]\.name: a folder name"),
+    ({"candidates": [{"name": "good.pretrain_check", "overrides": ["b=1"]}]},  # the check folder of "good"
+     r"candidates\[0\]\.name: .*not ending in '\.pretrain_check'"),
+    ({"cv": ["--folds", "4", "--check-pretraining"]}, r"cv: --check-pretraining is set by hlmtune select itself"),
     ({"candidates": [{"name": "a", "flags": ["9"]}]}, r"flags: starts with '9', not a --flag"),
     ({"env": ["X"]}, r"env: expected NAME: value strings"),
 ])
@@ -359,6 +411,18 @@ def test_select_cli_runs_a_plan_on_synthetic_records_and_resumes(tmp_path):
     assert nxt[nxt.index("--baseline") + 1] == str(out / "same")  # the adopted run is the next baseline
     assert nxt[-3:] == ["dataset.num_examples=48", "dataset.num_examples=48", "model.lora_rank=8"]
     assert not (out / "next").exists()
+    # another machine with the record only: fold 1 pretrained once shows this host computes as the
+    # recording one, so the recorded figures stand and the next candidate is judged against them
+    other = tmp_path / "other_machine"
+    proc = subprocess.run([HLMTUNE, "select", str(plan), "--out", str(other), "--max-candidates", "1", "--record",
+                           str(rec)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "same: fold 1 pretrains to" in proc.stderr and "the same bytes, so its recorded figures stand" in proc.stderr
+    assert not (other / "same" / "fold1").exists()  # not re-made
+    assert json.loads((other / "same.pretrain_check" / "pretrain_check.json").read_text())["same"]
+    rows = [json.loads(line) for line in (rec / "verdicts.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["same", "next"] and rows[1]["baseline"] == str(other / "same")
+    assert rows[1]["same_pretraining"] == 2  # the candidate pretrained here to the recorded bytes, fold by fold
     for args, says in ((["nope", "--out", str(out)], "packaged plans"), (["hlm_smoke"], "--out DIR"),
                        (["hlm_smoke", "--out", str(out), "--max-candidates", "0"], "at least 1")):
         proc = subprocess.run([HLMTUNE, "select", *args], capture_output=True, text=True)

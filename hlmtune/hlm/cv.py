@@ -31,7 +31,10 @@ then known without the remaining folds, which on 2 CPU cores are half an hour ea
 writes ``cv_stopped.json`` and a report that says so, never ``cv_metrics.json``. ``--figure``
 names what the fold count and the pooled difference judge (:data:`FIGURES`): macro-F1 (default),
 or ``sv_f1``, the mean of the S and V F1, a figure that a class of a few hundred beats in two
-folds (F) does not swing.
+folds (F) does not swing. ``--check-pretraining`` beside ``--baseline`` runs fold 1 only up to
+its first pretrained model and writes ``pretrain_check.json``: whether this host pretrains to the
+baseline's checkpoint bytes, i.e. computes as the host that made the baseline did (minutes, not
+the hours a re-made baseline takes).
 """
 
 from __future__ import annotations
@@ -439,7 +442,8 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 
 def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
                     calibrate_classes: Optional[Sequence[str]], baseline: Optional[Path],
-                    need_folds: Optional[int], figure: str = "macro_f1") -> Optional[Dict[str, Any]]:
+                    need_folds: Optional[int], figure: str = "macro_f1",
+                    check_pretraining: bool = False) -> Optional[Dict[str, Any]]:
     """Refuse bad ``hlmtune cv`` input before anything is written; returns the baseline's document.
 
     Raises:
@@ -458,10 +462,17 @@ def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
         raise ValueError(f"--figure {figure!r}: known figures are {', '.join(FIGURES)}")
     if figure != "macro_f1" and baseline is None:
         raise ValueError(f"--figure {figure} is what a comparison with a baseline judges: give --baseline DIR")
+    if check_pretraining and baseline is None:
+        raise ValueError("--check-pretraining compares fold 1's pretrained model with a baseline's: give --baseline DIR")
+    if check_pretraining and need_folds is not None:
+        raise ValueError("--check-pretraining fine-tunes nothing, so --need-folds has no folds to count: drop one")
     base = read_baseline(Path(baseline)) if baseline is not None else None
     if baseline is not None and own_result(Path(baseline), out):
         raise ValueError(f"--baseline {baseline}: that is this run's own result, which the run replaces; "
                          f"copy the folder and give the copy as --out (cp -r {out} {out}_b)")
+    if check_pretraining and base is not None and not (base["folds"] and base["folds"][0].get("pretrain_sha256")):
+        raise ValueError(f"--baseline {baseline}: fold 1 names no pretrained model (no pretrain_sha256, no checkpoint "
+                         "beside it): nothing for --check-pretraining to compare")
     for k, row in enumerate(base["folds"] if base is not None and figure != "macro_f1" else (), start=1):
         if not isinstance(row, dict) or figure_of(row, figure) is None:
             raise ValueError(f"--baseline {baseline}: fold {k} has no {FIGURES[figure]} (no S or V F1)")
@@ -474,7 +485,7 @@ def run_cv(
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
     pretrain_seed: int = 0, svdb: Optional[str] = "auto", need_folds: Optional[int] = None,
-    figure: str = "macro_f1",
+    figure: str = "macro_f1", check_pretraining: bool = False,
 ) -> Path:
     """Cross-validate the main job's model over the training patients; returns the report path.
 
@@ -507,6 +518,9 @@ def run_cv(
             (:data:`FIGURES`: ``macro_f1``, or ``sv_f1``, the mean of S and V F1).
         svdb (Optional[str]): extra training patients of every fold (``auto``: ``$HLM_DATA/svdb``
             with MIT-BIH data; a folder; None / ``none``), as ``hlmtune demo --svdb``; never held out.
+        check_pretraining (bool): with ``baseline``: only fold 1's stages up to its first
+            pretrained model, compared with the baseline's (:func:`check_fold1_pretraining`);
+            returns ``pretrain_check.json``'s path instead of a report.
     """
     from hlmtune.files import ensure_dir
     from hlmtune.hlm import calibrate
@@ -514,7 +528,7 @@ def run_cv(
 
     base = check_arguments(out=Path(out), folds=folds, finetune_overrides=finetune_overrides,
                            calibrate_classes=calibrate_classes, baseline=baseline, need_folds=need_folds,
-                           figure=figure)
+                           figure=figure, check_pretraining=check_pretraining)
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
     setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline)
@@ -522,6 +536,8 @@ def run_cv(
     job = dict(nproc=nproc, pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval, force=force,
                finetune_overrides=finetune_overrides)
+    if check_pretraining:
+        return check_fold1_pretraining(setup, out, base, source=str(baseline), t0=t0, **job)
     stop = None if need_folds is None else (base["folds"], need_folds, figure)
     res = run_folds(setup, out, stop=stop, **job)
     if res.stopped_after is not None:
@@ -543,6 +559,36 @@ def run_cv(
                                                              "cv_macro_f1_nested_calibration",
                                                              "cv_macro_f1_fitted_in_sample")})
     return write_results(out, doc, res, base=base, baseline=baseline, figure=figure)
+
+
+def check_fold1_pretraining(setup: "CVSetup", out: Path, base: Dict[str, Any], *, source: str, t0: float,
+                            **job: Any) -> Path:
+    """Fold 1's stages up to its first pretrained model, and whether it has the baseline's bytes.
+
+    Equal bytes after hundreds of optimizer steps mean this host sums as the baseline's did (the
+    same settings on an Intel and an AMD host gave other bytes and moved a fold's macro-F1 by
+    0.049: docs/hlm-experiments.md). One pretraining is the check: the fine-tunes run the same
+    kernels. Writes ``pretrain_check.json`` (``same``: the verdict; both digests; this CPU) and
+    returns its path; no fine-tune, no ``cv_metrics.json``.
+    """
+    from hlmtune.files import atomic_write_bytes
+    from hlmtune.hlm.pipeline import run_pipeline
+    from hlmtune.training.fastpath import cpu_model_name
+
+    held = setup.parts[0]
+    train = [r for r in setup.pool if r not in held]
+    fold_dir = out / "fold1"
+    _say(f"fold 1 of {len(setup.parts)}: holding out {' '.join(held)}; pretraining only (--check-pretraining)")
+    run_pipeline(out=fold_dir, data=str(_fold_db(setup.pool, fold_dir, train, held, setup.synthetic)),
+                 tokens_dir=setup.tokens, svdb=None, job_root=out, pretrain_only=True, **{**job, "pretrainings": 1})
+    mine = (pretrain_fingerprints(fold_dir, 1) or [None])[0]
+    theirs = base["folds"][0]["pretrain_sha256"][0]
+    doc = {"baseline": source, "fold": 1, "held_out": held, "pretrain_sha256": mine,
+           "baseline_pretrain_sha256": theirs, "same": mine is not None and mine == theirs,
+           "cpu": cpu_model_name(), "wall_s": time.perf_counter() - t0}
+    path = out / "pretrain_check.json"
+    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
+    return path
 
 
 def write_results(out: Path, doc: Dict[str, Any], res: "FoldResults", *, base: Optional[Dict[str, Any]],
@@ -574,7 +620,7 @@ def pooled_document(res: "FoldResults", described: str, *, summary: Dict[str, An
             "wall_s": wall_s}, bias
 
 
-SUMMARIES = ("cv_metrics.json", "cv_stopped.json", "report.md", "calibration.json")
+SUMMARIES = ("cv_metrics.json", "cv_stopped.json", "report.md", "calibration.json", "pretrain_check.json")
 
 
 def clear_summaries(out: Path) -> None:
@@ -801,6 +847,9 @@ def register(subparsers: Any) -> None:
             "  hlmtune cv --out outputs/cv_p1 --pretrain-seed 1            # the same folds, another set of "
             "pretrained models\n"
             "                                                               # (a setting's gain replicated there?)\n"
+            "  hlmtune cv --out /tmp/check --baseline outputs/cv --check-pretraining   # does this host compute as\n"
+            "                                                               # the one that made outputs/cv? (one\n"
+            "                                                               # pretraining, its checkpoint digest)\n"
             "  hlmtune eval --config RUN --calibration outputs/cv/calibration.json\n"
             "  hlmtune cv --out /tmp/cv --source synthetic --folds 2 --pretrain-steps 4 --finetune-examples 64 "
             "--max-eval 150   # smoke run"
@@ -828,6 +877,10 @@ def register(subparsers: Any) -> None:
                    help="with --baseline: the figure the fold count (and --need-folds) and the pooled difference "
                         "judge: macro-F1 over the classes, or sv_f1, the mean of S F1 and V F1 (not swung by a class "
                         "of a few hundred beats held by one or two folds)")
+    p.add_argument("--check-pretraining", action="store_true",
+                   help="with --baseline: run fold 1 only up to its first pretrained model and say whether its "
+                        "checkpoint bytes are the baseline's (pretrain_check.json): whether this host computes as the "
+                        "one that made the baseline, in one pretraining instead of a re-made cross-validation")
     add_job_arguments(p, out="outputs/cv", each=" per fold")
     p.set_defaults(func=lambda args: _main(args, run_job))
 
@@ -844,8 +897,18 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
                         model=args.model, seeds=args.seeds, pretrainings=args.pretrainings, pretrain_seed=args.pretrain_seed,
                         max_eval=args.max_eval, force=args.force,
                         finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
-                        baseline=args.baseline, svdb=args.svdb, need_folds=args.need_folds, figure=args.figure)
+                        baseline=args.baseline, svdb=args.svdb, need_folds=args.need_folds, figure=args.figure,
+                        check_pretraining=args.check_pretraining)
         from hlmtune.hlm.evaluate import class_table
+
+        if report.name == "pretrain_check.json":
+            c = json.loads(report.read_text())
+            print(f"fold 1's pretrained model: {c['pretrain_sha256']} here ({c['cpu']}), "
+                  f"{c['baseline_pretrain_sha256']} in {c['baseline']}: "
+                  + ("the same bytes: this host computes as the baseline's did" if c["same"] else
+                     "other bytes: this host computes otherwise, so compare runs made here with a baseline "
+                     "re-made here"))
+            return report
 
         stopped = report.parent / "cv_stopped.json"
         if stopped.exists():

@@ -473,9 +473,9 @@ def run_pipeline(
     finetune_examples: int = FINETUNE_EXAMPLES, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
     calibration: Optional[Path] = None, pretrainings: int = 1, job_root: Optional[Path] = None,
-    pretrain_seed: int = 0, svdb: Optional[str] = "auto",
+    pretrain_seed: int = 0, svdb: Optional[str] = "auto", pretrain_only: bool = False,
 ) -> Path:
-    """Run every stage; returns the report path.
+    """Run every stage (or those up to the pretraining); returns the report path (the job folder).
 
     Args:
         out (Path): demo folder (data, tokens, runs, report).
@@ -507,6 +507,8 @@ def run_pipeline(
         svdb (Optional[str]): extra training patients, the MIT-BIH Supraventricular Arrhythmia
             Database: ``auto`` (``$HLM_DATA/svdb`` when it is there and the data is MIT-BIH), a
             folder, or None / ``none`` (DS1 only).
+        pretrain_only (bool): stop after the pretraining stage and return the job folder
+            (``hlmtune cv --check-pretraining``: does this host pretrain to the same bytes?).
     """
     from hlmtune.files import ensure_dir
     from hlmtune.hlm.model import ARCHS
@@ -529,6 +531,8 @@ def run_pipeline(
     stage_data(job, data=data, source=source, svdb=svdb)
     stage_tokenize(job, tokens_dir=tokens_dir)
     pre = stage_pretrain(job, steps=pretrain_steps, pretrainings=pretrainings, pretrain_seed=pretrain_seed)
+    if pretrain_only:
+        return out
     ft = stage_finetune(job, pre, seeds=seeds, finetune_examples=finetune_examples,
                         finetune_overrides=finetune_overrides)
     metrics = stage_evaluate(job, ft, retrained=any(pre.redone) or any(ft.redone), max_eval=max_eval,

@@ -27,11 +27,14 @@ verdict is refused), a cut ``hlmtune cv`` keeps its finished stages. DS2 is neve
 ``--record REC`` keeps the plan's small files (``verdicts.jsonl``, ``plan.md`` and each finished
 run's ``cv_metrics.json`` / ``cv_stopped.json`` / ``report.md``, no model) in a second folder, written
 after every run and read first to seed ``--out``: committed to git, it carries a plan across
-machines that do not keep ``--out``. A baseline whose folder lacks its result or the pretrained
-models its result names (another machine's record, stages lost) is re-made on this machine with
-its own settings (an adopted candidate without ``--baseline``: its verdict stands) before the next
-candidate runs against it, since the same settings computed on another host differ; each verdict
-row counts the folds whose pretrained models have the baseline's bytes (``same_pretraining``).
+machines that do not keep ``--out``. The same settings computed on another CPU kind differ, so a
+baseline whose folder holds its result but not the pretrained models the result names (another
+machine's record, stages lost) is checked first: ``hlmtune cv --check-pretraining`` pretrains its
+fold 1 in ``<baseline>.pretrain_check`` and compares the checkpoint's digest with the recorded
+one. The same bytes: the recorded figures stand. Other bytes, no digest, or no result: the
+baseline is re-made on this machine with its own settings (an adopted candidate without
+``--baseline``: its verdict stands) before the next candidate runs against it. Each verdict row
+counts the folds whose pretrained models have the baseline's bytes (``same_pretraining``).
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ RULE_KEYS = ("min_gain", "min_folds", "figure")
 RUN_KEYS = ("name", "overrides", "flags", "why")
 # flags the driver sets itself: a plan naming them would judge against the wrong folder, or by
 # another figure than its rule's (``--figure`` comes from ``rule.figure``)
-OWNED_FLAGS = ("--out", "--baseline", "--need-folds", "--figure")
+OWNED_FLAGS = ("--out", "--baseline", "--need-folds", "--figure", "--check-pretraining")
+CHECK_SUFFIX = ".pretrain_check"  # ``<baseline>.pretrain_check``: where a recorded baseline's fold 1 is pretrained
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what ``--record`` keeps of each run: the figures and the report, none of the stages
 RECORD_FILES = ("cv_metrics.json", "cv_stopped.json", "report.md")
@@ -126,8 +130,9 @@ def _words(where: str, value: Any) -> Tuple[str, ...]:
 def _setting(where: str, raw: Any, *, name: Optional[str] = None) -> Setting:
     raw = _check_keys(where, raw, RUN_KEYS)
     name = name or raw.get("name")
-    if not isinstance(name, str) or not NAME.match(name) or name == "baseline":
-        raise ValueError(f"{where}.name: a folder name (letters, digits, _ . -; not 'baseline'), got {name!r}")
+    if not isinstance(name, str) or not NAME.match(name) or name == "baseline" or name.endswith(CHECK_SUFFIX):
+        raise ValueError(f"{where}.name: a folder name (letters, digits, _ . -; not 'baseline', not ending in "
+                         f"{CHECK_SUFFIX!r}), got {name!r}")
     overrides = _words(f"{where}.overrides", raw.get("overrides"))
     flags = _words(f"{where}.flags", raw.get("flags"))
     for o in overrides:
@@ -295,9 +300,11 @@ def run_process(cmd: List[str], env: Dict[str, str], log: Path) -> int:
         return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
 
 
-def cv_command(plan: Plan, out: Path, setting: Setting, carried: Setting, base: Optional[Path]) -> List[str]:
-    """The ``hlmtune cv`` command of one run: plan flags, adopted then own flags and overrides."""
-    cmd = [sys.executable, "-m", "hlmtune.cli", "cv", "--out", str(out), *plan.cv, *carried.flags, *setting.flags]
+def cv_command(plan: Plan, out: Path, setting: Setting, carried: Setting, base: Optional[Path],
+               extra: Sequence[str] = ()) -> List[str]:
+    """The ``hlmtune cv`` command of one run: plan flags, adopted then own flags, ``extra``, overrides."""
+    cmd = [sys.executable, "-m", "hlmtune.cli", "cv", "--out", str(out), *plan.cv, *carried.flags, *setting.flags,
+           *extra]
     if base is not None:
         cmd += ["--baseline", str(base), "--need-folds", str(plan.min_folds)]
         if plan.figure != "macro_f1":  # the default's commands stay as plans before rule.figure ran them
@@ -427,19 +434,34 @@ class _Baseline:
     def command(self, plan: Plan) -> List[str]:
         return cv_command(plan, self.dir, self.setting, self.carried, None)
 
+    def check_dir(self) -> Path:
+        """Where :func:`_same_host` pretrains fold 1 (beside the baseline's folder, never in it)."""
+        return self.dir.with_name(self.dir.name + CHECK_SUFFIX)
+
+    def check_command(self, plan: Plan) -> List[str]:
+        return cv_command(plan, self.check_dir(), self.setting, self.carried, None,
+                          ["--baseline", str(self.dir), "--check-pretraining"])
+
 
 def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runner: Runner,
                      dry_run: bool) -> bool:
-    """Run the baseline unless its result and its pretrained models are there; False on a dry run.
+    """Run the baseline unless its result stands here; False on a dry run.
 
-    A folder with a result but without the pretrained models it names (seeded from a record on
-    another machine, or its stages lost) is re-made here with its own settings: the next candidate
-    is then judged on the same pretrained models, not against figures from another machine's
-    arithmetic (the same settings on another host moved a fold by 0.049: docs/hlm-experiments.md).
-    An adopted candidate re-made so keeps its verdict; the re-made figures are the next baseline.
+    A result stands when its pretrained models are in its folder, or when this host pretrains
+    fold 1 to the bytes the result names (:func:`_same_host`: minutes). Otherwise (no result,
+    or a record from a host that computes otherwise) the baseline is re-made here with its own
+    settings, so the next candidate is not judged against another machine's arithmetic (the same
+    settings on another host moved a fold by 0.049: docs/hlm-experiments.md). An adopted
+    candidate re-made so keeps its verdict; the re-made figures are the next baseline.
     """
-    if _has_result(base.dir) and _own_pretraining(base.dir):
-        return True
+    if _has_result(base.dir):
+        if _own_pretraining(base.dir):
+            return True
+        same = _same_host(plan, base, env, out, runner, dry_run)
+        if same is None:  # a dry run: the check's command is the next one
+            return False
+        if same:
+            return True
     if dry_run:
         print(" ".join(base.command(plan)))
         return False
@@ -449,6 +471,55 @@ def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path
          + ("" if name == "baseline" else "; its verdict stands, the re-made figures are the next baseline"))
     _run(name, base.command(plan), env, out / f"{name}.log", runner)
     return True
+
+
+def _recorded_fold1(run: Path) -> Optional[str]:
+    """The digest of fold 1's first pretrained model that ``run``'s ``cv_metrics.json`` names."""
+    path = run / "cv_metrics.json"
+    folds = json.loads(path.read_text()).get("folds") if path.exists() else None
+    first = folds[0] if isinstance(folds, list) and folds and isinstance(folds[0], dict) else {}
+    digests = first.get("pretrain_sha256")
+    return digests[0] if isinstance(digests, list) and digests else None
+
+
+def _same_host(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runner: Runner,
+               dry_run: bool) -> Optional[bool]:
+    """Whether this host pretrains the baseline's fold 1 to the bytes its recorded result names.
+
+    Runs ``hlmtune cv --check-pretraining`` (fold 1's data, tokens and first pretraining, beside
+    the baseline's folder) unless an earlier call left its answer for this very digest. Equal
+    bytes after hundreds of steps: this host sums as the recording host did (two AMD EPYC hosts
+    gave every figure of a re-made baseline alike; an Intel host gave other bytes), so the
+    recorded figures stand as the baseline. Candidates then pretrain their folds here themselves,
+    and their rows say in how many folds those models have the baseline's bytes.
+    False where the result names no digest; None on a dry run that printed the check's command.
+    """
+    recorded = _recorded_fold1(base.dir)
+    if recorded is None:
+        return False
+    answer = base.check_dir() / "pretrain_check.json"
+
+    def read() -> Optional[Dict[str, Any]]:
+        doc = json.loads(answer.read_text()) if answer.exists() else None
+        return doc if isinstance(doc, dict) and doc.get("baseline_pretrain_sha256") == recorded else None
+
+    doc = read()
+    if doc is None:
+        if dry_run:
+            print(" ".join(base.check_command(plan)))
+            return None
+        _say(f"{base.dir.name}: its folder holds a result but not the pretrained models it names: pretraining "
+             "fold 1 here to see whether this host computes as the one that made it")
+        _run(f"{base.dir.name} (fold 1's pretraining)", base.check_command(plan), env,
+             out / f"{base.check_dir().name}.log", runner)
+        doc = read()
+        if doc is None:
+            raise RuntimeError(f"{answer}: hlmtune cv --check-pretraining left no answer for digest {recorded}")
+    same = doc.get("same") is True and doc.get("pretrain_sha256") == recorded
+    _say(f"{base.dir.name}: fold 1 pretrains to {doc.get('pretrain_sha256')} here ({doc.get('cpu')}), {recorded} in "
+         "its result: " + ("the same bytes, so its recorded figures stand as the baseline" if same else
+                           "other bytes, so this host computes otherwise"))
+    return same
 
 
 def _own_pretraining(run: Path) -> bool:
@@ -636,7 +707,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--record", default=None, metavar="REC",
                    help="a folder of the plan's small files (verdicts, plan.md, each run's figures and report; "
                         "no model), read first to seed --out and written after every run: commit it to carry "
-                        "a plan across machines")
+                        "a plan across machines (there, the current baseline's fold 1 is pretrained once: its "
+                        "recorded figures stand when the checkpoint has the recorded bytes, else it is re-made)")
     p.set_defaults(func=_main)
 
 
