@@ -572,15 +572,11 @@ def check_fold1_pretraining(setup: "CVSetup", out: Path, base: Dict[str, Any], *
     returns its path; no fine-tune, no ``cv_metrics.json``.
     """
     from hlmtune.files import atomic_write_bytes
-    from hlmtune.hlm.pipeline import run_pipeline
     from hlmtune.training.fastpath import cpu_model_name
 
     held = setup.parts[0]
-    train = [r for r in setup.pool if r not in held]
-    fold_dir = out / "fold1"
-    _say(f"fold 1 of {len(setup.parts)}: holding out {' '.join(held)}; pretraining only (--check-pretraining)")
-    run_pipeline(out=fold_dir, data=str(_fold_db(setup.pool, fold_dir, train, held, setup.synthetic)),
-                 tokens_dir=setup.tokens, svdb=None, job_root=out, pretrain_only=True, **{**job, "pretrainings": 1})
+    fold_dir = run_fold(setup, out, 0, note="; pretraining only (--check-pretraining)", pretrain_only=True,
+                        **{**job, "pretrainings": 1})
     mine = (pretrain_fingerprints(fold_dir, 1) or [None])[0]
     theirs = base["folds"][0]["pretrain_sha256"][0]
     doc = {"baseline": source, "fold": 1, "held_out": held, "pretrain_sha256": mine,
@@ -754,6 +750,19 @@ class FoldResults:
     stopped_after: Optional[int] = None  # the fold after which ``--need-folds`` stopped the run
 
 
+def run_fold(setup: CVSetup, out: Path, k: int, *, note: str = "", **job: Any) -> Path:
+    """The main job's stages on fold ``k`` (0-based: its held-out patients as the test split);
+    returns what ``run_pipeline`` returns (the report, or the fold's folder with ``pretrain_only``)."""
+    from hlmtune.hlm.pipeline import run_pipeline
+
+    held = setup.parts[k]
+    fold_dir = out / f"fold{k + 1}"
+    _say(f"fold {k + 1} of {len(setup.parts)}: holding out {' '.join(held)}{note}")
+    train = [r for r in setup.pool if r not in held]
+    return run_pipeline(out=fold_dir, data=str(_fold_db(setup.pool, fold_dir, train, held, setup.synthetic)),
+                        tokens_dir=setup.tokens, svdb=None, job_root=out, **job)
+
+
 def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[str, Any]], int, str]] = None,
               **job: Any) -> FoldResults:
     """Stage 2: the main job's stages on each fold (its held-out patients as the test split).
@@ -762,15 +771,10 @@ def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[s
     of :data:`FIGURES`): the folds end as soon as :func:`rejected_by_folds` says the rest cannot
     change the verdict."""
     from hlmtune.hlm.evaluate import headline
-    from hlmtune.hlm.pipeline import run_pipeline
 
     res = FoldResults()
     for k, held in enumerate(setup.parts):
-        train = [r for r in setup.pool if r not in held]
-        fold_dir = out / f"fold{k + 1}"
-        _say(f"fold {k + 1} of {len(setup.parts)}: holding out {' '.join(held)}")
-        report = run_pipeline(out=fold_dir, data=str(_fold_db(setup.pool, fold_dir, train, held, setup.synthetic)),
-                              tokens_dir=setup.tokens, svdb=None, job_root=out, **job)
+        report = run_fold(setup, out, k, **job)
         pred = np.load(report.parent / "predictions.npz")
         res.classes = [str(c) for c in pred["classes"]]
         res.truth.append(pred["truth"])
@@ -780,9 +784,9 @@ def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[s
         metrics = json.loads((report.parent / "metrics.json").read_text())
         res.metrics.append(metrics)
         r = headline(metrics)
-        res.rows.append({"fold": k + 1, "held_out": held, "train": train, "n": r["n"], "macro_f1": r["macro_f1"],
-                         "per_class": r["per_class"],
-                         "pretrain_sha256": pretrain_fingerprints(fold_dir, int(job["pretrainings"]))})
+        res.rows.append({"fold": k + 1, "held_out": held, "train": [rec for rec in setup.pool if rec not in held],
+                         "n": r["n"], "macro_f1": r["macro_f1"], "per_class": r["per_class"],
+                         "pretrain_sha256": pretrain_fingerprints(out / f"fold{k + 1}", int(job["pretrainings"]))})
         if stop is not None:
             deltas = [_figure_pair(row, b, stop[2], f"fold {row['fold']}")["figure_delta"]
                       for row, b in zip(res.rows, stop[0])]
