@@ -4,11 +4,12 @@ Runs the main job (``hlmtune demo``: tokenize -> pretrain -> LoRA -> eval) with 
 model on this machine's CPUs and prints per-class Se / +P / F1 and macro-F1 beside the
 published inter-patient baselines, the training wall time against the 30-minute budget, and
 the targets of the issue (V F1 >= 0.90, S F1 >= 0.60) as PASS / MISS. Nothing here is tuned on
-DS2: the settings are the shipped configs and the demo's (24,000 fine-tuning examples; the
+DS2: the settings are the shipped configs and the demo's (36,000 fine-tuning examples; the
 MIT-BIH Supraventricular Arrhythmia Database's records as extra training patients when
 ``$HLM_DATA/svdb`` is there, ``--svdb none`` for DS1 only), with
 three fine-tunes of different seeds voting as an ensemble (``hlmtune demo --seeds 3``), all
-chosen on held-out DS1 records (docs/hlm.md "Model selection"). Training stays inside the
+chosen on held-out training patients: DS1 records, then the plan ``hlm_61_patients`` over DS1
+and svdb (docs/hlm.md "Model selection", docs/selection/hlm_61_patients). Training stays inside the
 30-minute budget (about 15 minutes idle, with 600 pretraining steps).
 
     HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--seeds K] [--pretrainings P] [--pretrain-steps N]
