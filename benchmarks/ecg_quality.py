@@ -10,7 +10,7 @@ MIT-BIH Supraventricular Arrhythmia Database's records as extra training patient
 three fine-tunes of different seeds voting as an ensemble (``hlmtune demo --seeds 3``), all
 chosen on held-out training patients: DS1 records, then the plan ``hlm_61_patients`` over DS1
 and svdb (docs/hlm.md "Model selection", docs/selection/hlm_61_patients). Training stays inside the
-30-minute budget (about 15 minutes idle, with 600 pretraining steps).
+30-minute budget (17.4 minutes idle on 2026-12-05, with 600 pretraining steps).
 
     HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--seeds K] [--pretrainings P] [--pretrain-steps N]
 
