@@ -223,6 +223,11 @@ def pooled_members(fold_metrics: Sequence[Dict[str, Any]], classes: Sequence[str
     return out
 
 
+def fold_folder(out: Path, fold: int) -> Path:
+    """The job folder of fold ``fold`` (1-based, as the rows of ``cv_metrics.json`` number them)."""
+    return out / f"fold{fold}"
+
+
 def pretrain_fingerprints(fold_dir: Path, pretrainings: int) -> Optional[List[str]]:
     """Name each pretrained model of a fold by its content: what its fine-tunes start from.
 
@@ -364,7 +369,7 @@ def read_baseline(path: Path) -> Dict[str, Any]:
         raise ValueError(f"--baseline {f}: not an `hlmtune cv` result (needs folds, pooled, classes)")
     for row in doc["folds"]:  # written before rows named them: the folder's checkpoints still can
         if isinstance(row, dict) and "fold" in row and row.get("pretrain_sha256") is None:
-            row["pretrain_sha256"] = pretrain_fingerprints(f.parent / f"fold{row['fold']}", doc.get("pretrainings", 1))
+            row["pretrain_sha256"] = pretrain_fingerprints(fold_folder(f.parent, row["fold"]), doc.get("pretrainings", 1))
     return doc
 
 
@@ -707,6 +712,10 @@ class CVSetup:
     synthetic: bool
     tokens: Path
 
+    def train(self, k: int) -> List[str]:
+        """Fold ``k``'s training records (0-based ``k``): every record of the pool it does not hold out."""
+        return [r for r in self.pool if r not in self.parts[k]]
+
 
 def cv_setup(out: Path, *, data: Optional[str], source: str, svdb: Optional[str], folds: int,
              base: Optional[Dict[str, Any]], baseline: Optional[Path]) -> CVSetup:
@@ -756,10 +765,9 @@ def run_fold(setup: CVSetup, out: Path, k: int, *, note: str = "", **job: Any) -
     from hlmtune.hlm.pipeline import run_pipeline
 
     held = setup.parts[k]
-    fold_dir = out / f"fold{k + 1}"
+    fold_dir = fold_folder(out, k + 1)
     _say(f"fold {k + 1} of {len(setup.parts)}: holding out {' '.join(held)}{note}")
-    train = [r for r in setup.pool if r not in held]
-    return run_pipeline(out=fold_dir, data=str(_fold_db(setup.pool, fold_dir, train, held, setup.synthetic)),
+    return run_pipeline(out=fold_dir, data=str(_fold_db(setup.pool, fold_dir, setup.train(k), held, setup.synthetic)),
                         tokens_dir=setup.tokens, svdb=None, job_root=out, **job)
 
 
@@ -784,9 +792,9 @@ def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[s
         metrics = json.loads((report.parent / "metrics.json").read_text())
         res.metrics.append(metrics)
         r = headline(metrics)
-        res.rows.append({"fold": k + 1, "held_out": held, "train": [rec for rec in setup.pool if rec not in held],
+        res.rows.append({"fold": k + 1, "held_out": held, "train": setup.train(k),
                          "n": r["n"], "macro_f1": r["macro_f1"], "per_class": r["per_class"],
-                         "pretrain_sha256": pretrain_fingerprints(out / f"fold{k + 1}", int(job["pretrainings"]))})
+                         "pretrain_sha256": pretrain_fingerprints(fold_folder(out, k + 1), int(job["pretrainings"]))})
         if stop is not None:
             deltas = [_figure_pair(row, b, stop[2], f"fold {row['fold']}")["figure_delta"]
                       for row, b in zip(res.rows, stop[0])]

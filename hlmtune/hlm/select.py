@@ -524,11 +524,11 @@ def _same_host(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runn
 
 def _own_pretraining(run: Path) -> bool:
     """Whether every fold's pretrained models in ``run`` are the ones its ``cv_metrics.json`` names."""
-    from hlmtune.hlm.cv import pretrain_fingerprints
+    from hlmtune.hlm.cv import fold_folder, pretrain_fingerprints
 
     path = run / "cv_metrics.json"
     doc = json.loads(path.read_text()) if path.exists() else {}
-    return all(pretrain_fingerprints(run / f"fold{f['fold']}", int(doc.get("pretrainings", 1))) == f["pretrain_sha256"]
+    return all(pretrain_fingerprints(fold_folder(run, f["fold"]), int(doc.get("pretrainings", 1))) == f["pretrain_sha256"]
                for f in doc.get("folds", []) if isinstance(f, dict) and f.get("pretrain_sha256") is not None)
 
 
