@@ -121,6 +121,11 @@ class BeatPromptOptions:
         average_rr_s (float): 0 = off; else an RR token of the average interval of the beats
             within ``average_rr_s / 2`` seconds of the target (de Chazal 2004: 300), last before
             ``<beat?>``. Both are written as the other RR tokens (relative with ``normalized_rr``).
+        long_rr (int): 0 = off; else an RR token of the beat's own interval relative to the upper
+            quartile of the last ``long_rr`` intervals (``long_reference``: the patient's slower
+            usual rhythm, which a running median loses inside a long ectopic run), written at the
+            standard 0.8 s cycle, last before ``<beat?>``; a synthetic premature or fibrillating
+            example shows its own drawn interval there too.
         template_beats (int): 0 = off; else the patient's typical beat, the sample-wise median of
             this many earlier beats whatever their class (``beat_templates``), cropped like the
             target beat: opens the prompt and/or serves ``template_delta``.
@@ -162,6 +167,7 @@ class BeatPromptOptions:
     rr_reference: str = "median"
     local_rr: int = 0
     average_rr_s: float = 0.0
+    long_rr: int = 0
     template_beats: int = 0
     template_delta: bool = False
     show_template: bool = True
@@ -188,6 +194,8 @@ class BeatPromptOptions:
             raise ValueError(f"local_rr must be 0 (off) or the beats of the local average (<= 1000), got {self.local_rr}")
         if not 0.0 <= float(self.average_rr_s) <= 3600.0:
             raise ValueError(f"average_rr_s must be 0 (off) or a window of up to 3600 s, got {self.average_rr_s}")
+        if not 0 <= int(self.long_rr) <= 100_000:
+            raise ValueError(f"long_rr must be 0 (off) or the beats of its long reference (<= 100000), got {self.long_rr}")
         if not 0 <= int(self.template_beats) <= 100_000:
             raise ValueError(f"template_beats must be 0 (off) or the beats of the median template, got {self.template_beats}")
         if not 0.0 <= float(self.template_swap) <= 1.0 or (self.template_swap and not self.template_beats):
@@ -207,6 +215,11 @@ class BeatPromptOptions:
         if not 0.0 <= float(self.augment_stretch) <= 0.5:
             raise ValueError(f"augment_stretch must be 0 (off) .. 0.5 (a factor 1/1.5 .. 1.5), got {self.augment_stretch}")
 
+    @property
+    def rhythm_features(self) -> int:
+        """Rhythm feature tokens after the following RR (``local_rr``, ``average_rr_s``, ``long_rr``)."""
+        return int(bool(self.local_rr)) + int(bool(self.average_rr_s)) + int(bool(self.long_rr))
+
     def for_evaluation(self) -> "BeatPromptOptions":
         """The same inputs with every training-time variation (:data:`TRAINING_ONLY`) off."""
         defaults = BeatPromptOptions()
@@ -224,7 +237,7 @@ class BeatBlock:
         samples (int): waveform tokens of the beat.
         next_rr (bool): whether the following RR interval comes after the waveform.
         query (bool): whether the block ends with ``<beat?>``.
-        features (int): rhythm feature tokens after the following RR (local, window average).
+        features (int): rhythm feature tokens after the following RR (local, window average, long).
     """
 
     samples: int

@@ -59,7 +59,8 @@ from hlmtune.data_builders.beat_prompt import (
     BeatBlock, BeatDraw, BeatPrompt, BeatPromptOptions, BeatSource, assemble_prompt, builder_signature, parse_options,
 )
 from hlmtune.data_builders.rr_features import (  # noqa: F401  (normalized_rr_tokens: public here too)
-    NORMAL_RR_S, interval_tokens, local_average_rr, normalized_rr_tokens, running_reference, window_average_rr,
+    NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, normalized_rr_tokens, running_reference,
+    window_average_rr,
 )
 from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
 
@@ -353,12 +354,16 @@ class ECGBeatClassificationDataset(Dataset):
                           else self.vocab.rr_base + t["rr_bin"].astype(np.int64) for t in self.beats.tables]
         # per record: (n_beats, F) the rhythm feature tokens after the beat (local, window average)
         self.features = [self._feature_tokens(i, o) for i in range(len(self.beats.tables))]
+        # per record: (n_beats,) the beat's own interval against the long reference (long_rr) as an RR
+        # token, and the factor that turns a shown own interval (s, as its RR token writes it) into
+        # that ratio at 0.8 s, for examples whose interval is drawn (synthetic premature, fibrillating)
+        self.long_tokens, self.long_scale = self._long_rr(o) if o.long_rr else (None, None)
         self.amp = ([amplitude_lut(t, self.beats.tokens(i), self.vocab) for i, t in enumerate(self.beats.tables)]
                     if o.normalize_amplitude else None)
         self.beat_samples, self.offset = _crop(params, o.beat_samples)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
         self.block = BeatBlock(self.beat_samples, next_rr=bool(o.next_rr),  # the target beat's layout
-                               features=int(bool(o.local_rr)) + int(bool(o.average_rr_s)))
+                               features=o.rhythm_features)
         self.augment, self.seed, self._edges = bool(o.augment), int(draw.seed), quantizer_edges(params)
         self._rr_edges = rr_edges(params)  # (rr_bins + 1,) s: the RR grid of every RR token
         # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
@@ -399,6 +404,38 @@ class ECGBeatClassificationDataset(Dataset):
                 v = values()  # input samples
                 cols.append(interval_tokens(v if ref is not None else v / fs, self.vocab, ref))
         return np.stack(cols, axis=1) if cols else np.zeros((t.size, 0), np.int64)
+
+    def _long_rr(self, o: BeatPromptOptions) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+        """Per record: ``long_rr``'s token of each beat, and the scale from a shown own interval to it.
+
+        ``token = rr(i) / long(i) * 0.8 s`` (:func:`long_reference`: the upper quartile of the last
+        ``long_rr`` intervals). The own RR token shows ``rr / ref * 0.8`` with ``normalized_rr``
+        (``ref`` its running reference) and ``rr / fs`` without, so the scale is ``ref / long`` or
+        ``0.8 * fs / long``.
+        """
+        tokens, scales = [], []
+        for i, t in enumerate(self.beats.tables):
+            long = long_reference(t, int(o.long_rr))  # (n_beats,) input samples
+            rr = t["rr"].astype(np.float64)
+            rr[rr <= 0] = np.nan
+            tokens.append(interval_tokens(rr, self.vocab, long))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                shown = (running_reference(t, int(o.normalized_rr), o.rr_reference) if o.normalized_rr
+                         else np.full(t.size, NORMAL_RR_S * float(self.beats.meta[i]["fs"])))
+                scales.append(shown / long)
+        return tokens, scales
+
+    def _long_token(self, k: int, own: int) -> int:
+        """Example ``k``'s ``long_rr`` token: the record's, or from its shown own interval when drawn."""
+        e = int(self.index[k])
+        i, j = int(self.rec[e]), int(self.beat[e])
+        if not (self.synthetic[k] or self.irregular[k]):
+            return int(self.long_tokens[i][j])
+        b, scale = int(own) - self.vocab.rr_base, float(self.long_scale[i][j])
+        if not 0 <= b < int(self.params.rr_bins) or not np.isfinite(scale):
+            return self.unknown_rr
+        mid = 0.5 * (self._rr_edges[b] + self._rr_edges[b + 1])  # s, the shown interval's bin middle
+        return int(self.vocab.rr_base + rr_bin(np.array([mid * scale]), self._rr_edges)[0])
 
     def _targets(self, class_ids: np.ndarray, beat_mask: Optional[Dict[str, np.ndarray]],
                  override: Optional[Dict[str, np.ndarray]] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -701,11 +738,13 @@ class ECGBeatClassificationDataset(Dataset):
         ctx, own, after = self._timing(k, int(beat[1]))
         beat[1] = own
         e = int(self.index[k])
+        features = self.features[int(self.rec[e])][int(self.beat[e])].tolist()
+        if self.long_tokens is not None:
+            features.append(self._long_token(k, own))
         return assemble_prompt(
             template=tmpl.tolist() if self.show_template else [], context_rr=ctx, beat=beat.tolist(),
             next_rr=after if self.next_rr else None, query_id=self.query_id,
-            rr_ratio=self.rr_ratio(own) if self.normalized_rr else None,
-            features=self.features[int(self.rec[e])][int(self.beat[e])].tolist(),
+            rr_ratio=self.rr_ratio(own) if self.normalized_rr else None, features=features,
         )
 
     def prompt(self, k: int) -> List[int]:

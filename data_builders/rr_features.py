@@ -14,7 +14,9 @@ alone (beat positions and intervals, never a label):
 * ``local_rr``: the mean of the known intervals of the N beats around the target (N // 2
   before it, the target, and (N - 1) // 2 after it: surrounding beats, as de Chazal's);
 * ``average_rr_s``: the mean of the known intervals of the beats within W / 2 seconds before
-  or after the target beat (surrounding minutes, as de Chazal's five).
+  or after the target beat (surrounding minutes, as de Chazal's five);
+* ``long_rr``: the beat's own interval against the **upper quartile** of the last N known
+  intervals (causal; :func:`long_reference`), the patient's slower usual rhythm.
 
 Each interval is written as an RR token: absolute (seconds) without ``normalized_rr``, else as
 its ratio to the running reference, at a standard cycle of :data:`NORMAL_RR_S` (as the beat's
@@ -32,6 +34,13 @@ from hlmtune.ecg_tokenizer.vocab import Vocabulary, rr_bin, rr_edges
 
 NORMAL_RR_S = 0.8  # 75 bpm: the interval a normalized RR token is written at
 RR_REFERENCES = ("median", "mean")
+# ``long_rr``'s reference: the upper quartile of a long window. A running median adopts an
+# ectopic rhythm once it fills half its window (svdb/865: runs of up to 665 S beats at 0.42 s
+# amid a 0.8 s sinus rhythm, so 9% of its S beats come early by the 256-beat median); the upper
+# quartile stays at the slower usual rhythm while that rhythm fills at least a quarter of the
+# window.
+LONG_RR_QUANTILE = 0.75
+_ROWS_PER_CHUNK = 4096  # windows sorted at once by long_reference: (4096, beats) floats, bounded memory
 
 
 def _known(table: np.ndarray) -> np.ndarray:
@@ -62,6 +71,35 @@ def running_reference(table: np.ndarray, beats: int, stat: str = "median") -> np
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (record start): unknown
         win = sliding_window_view(padded, beats)  # (n_beats, beats)
         return np.nanmedian(win, axis=1) if stat == "median" else np.nanmean(win, axis=1)
+
+
+def long_reference(table: np.ndarray, beats: int, quantile: float = LONG_RR_QUANTILE) -> np.ndarray:
+    """(n,) a quantile (default the upper quartile) of the last ``beats`` known intervals (input samples).
+
+    Causal like :func:`running_reference` (this beat's interval included, NaN before any known
+    one), computed ``_ROWS_PER_CHUNK`` beats at a time so a day-long record needs no
+    ``(n_beats, beats)`` array.
+
+    Args:
+        table (np.ndarray): a record's beat table (``rr`` in input samples, -1 unknown).
+        beats (int): intervals in the window (>= 1).
+        quantile (float): 0..1.
+
+    Returns:
+        np.ndarray: (n_beats,) float64.
+    """
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    if int(beats) < 1 or not 0.0 <= float(quantile) <= 1.0:
+        raise ValueError(f"long_reference needs beats >= 1 and a quantile in 0..1, got {beats}, {quantile}")
+    rr = _known(table)
+    win = sliding_window_view(np.concatenate([np.full(int(beats) - 1, np.nan), rr]), int(beats))  # (n, beats) view
+    out = np.full(rr.size, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (record start): unknown
+        for lo in range(0, rr.size, _ROWS_PER_CHUNK):
+            out[lo : lo + _ROWS_PER_CHUNK] = np.nanquantile(win[lo : lo + _ROWS_PER_CHUNK], float(quantile), axis=1)
+    return out
 
 
 def interval_tokens(values: np.ndarray, vocab: Vocabulary, reference: Optional[np.ndarray]) -> np.ndarray:

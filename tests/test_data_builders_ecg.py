@@ -424,6 +424,51 @@ def test_premature_synth_makes_n_beats_early_labels_them_s_and_never_in_evaluati
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), classes=["N", "V"], premature_synth=0.2)
 
 
+def test_long_rr_is_the_beats_interval_against_the_upper_quartile_of_earlier_beats(hlm):
+    """``long_rr``: the last token before ``<beat?>`` is rr(i) / q75(last N intervals) at 0.8 s, by hand;
+    a synthetic premature example shows its drawn (early) interval there, scaled the same way."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.rr_features import NORMAL_RR_S
+    from hlmtune.ecg_tokenizer.vocab import rr_edges
+
+    tk = hlm["tk"]
+    v, p = tk.vocab, tk.params
+    e = [float(x) for x in rr_edges(p)]
+    width = e[1] - e[0]
+    sec = lambda t: (e[t - v.rr_base] + e[t - v.rr_base + 1]) / 2  # noqa: E731
+
+    def by_hand(table, j, beats=48):
+        known = sorted(float(x) for x in table["rr"][max(0, j - beats + 1): j + 1] if x > 0)
+        if table["rr"][j] <= 0 or not known:
+            return v.rr_base + p.rr_bins
+        pos = 0.75 * (len(known) - 1)
+        lo = int(pos)
+        q = known[lo] + (known[min(lo + 1, len(known) - 1)] - known[lo]) * (pos - lo)
+        ratio_s = NORMAL_RR_S * float(table["rr"][j]) / q
+        return v.rr_base + min(p.rr_bins - 1, max(0, int((ratio_s - p.rr_min_s) // width)))
+
+    ds = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=8,
+                                         beat_samples=96, normalized_rr=64, long_rr=48, premature_synth=0.3)
+    real = synthetic = 0
+    for k in range(len(ds)):
+        ex = ds.example(k)
+        idx = int(ds.index[k])
+        i, j = int(ds.rec[idx]), int(ds.beat[idx])
+        long_tok = ex.feature_tokens[-1]
+        assert ex.tokens[-2] == long_tok and len(ex.feature_tokens) == 1
+        if not ds.synthetic[k]:
+            real += 1
+            assert long_tok == by_hand(ds.beats.tables[i], j), k
+            continue
+        synthetic += 1  # its drawn interval (0.55-0.85 of the context's cycle), against the long reference
+        scale = float(ds.long_scale[i][j])
+        assert abs(sec(long_tok) - min(max(sec(ex.rr_token) * scale, e[0]), e[-1])) <= width, k
+    assert real > 50 and synthetic > 10
+    plain = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=8,
+                                            beat_samples=96, normalized_rr=64)
+    assert all(ds.prompt(k)[:-2] == plain.prompt(k)[:-1] for k in range(0, len(ds), 7) if not ds.synthetic[k])
+
+
 def test_rhythm_irregularity_by_hand():
     from hlmtune.data_builders.ecg import rhythm_irregularity
 
@@ -732,7 +777,7 @@ def test_templates_are_causal_after_the_warm_up():
 # Every input option of the beat prompt switched on (training-time variations included): what
 # the label-leak check runs the real builder with.
 EVERY_INPUT = dict(context_beats=8, normalized_rr=64, normalize_amplitude=True, beat_samples=80, next_rr=True,
-                   rr_reference="mean", local_rr=10, average_rr_s=300.0,
+                   rr_reference="mean", local_rr=10, average_rr_s=300.0, long_rr=512,
                    template_beats=32, template_delta=True, show_template=True, augment=True, template_swap=0.2,
                    previous_swap=0.2, premature_synth=0.2, premature_max_irregularity=0.5, irregular_synth=0.2,
                    irregular_no_p_wave=True, rr_target=True, augment_stretch=0.15, record_balance=0.5,

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from hlmtune.data_builders.rr_features import (
-    NORMAL_RR_S, interval_tokens, local_average_rr, normalized_rr_tokens, running_reference, window_average_rr,
+    NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, normalized_rr_tokens, running_reference,
+    window_average_rr,
 )
 
 
@@ -78,3 +79,41 @@ def test_tokens_are_the_bins_of_seconds_or_of_ratios(tables):
         ratio_s = NORMAL_RR_S * float(t["rr"][i]) / ref[i]
         b = min(p.rr_bins - 1, max(0, int((ratio_s - p.rr_min_s) // width)))
         assert got[i] - vocab.rr_base == b, i
+
+
+def _quantile_by_hand(values, q):
+    """Linear-interpolation quantile of a list (numpy's default method), by sorting."""
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def test_long_reference_is_the_upper_quartile_of_earlier_beats_only(tables, monkeypatch):
+    import hlmtune.data_builders.rr_features as rf
+
+    monkeypatch.setattr(rf, "_ROWS_PER_CHUNK", 37)  # several chunks per record, one of them partial
+    tabs, _ = tables
+    for t, _ in tabs:
+        rr = _known(t["rr"])
+        got = long_reference(t, 40)
+        assert got.shape == (len(rr),)
+        for i in range(0, len(rr), 3):
+            window = [x for x in rr[max(0, i - 39): i + 1] if x is not None]
+            want = _quantile_by_hand(window, 0.75) if window else float("nan")
+            assert (math.isnan(got[i]) if not window else math.isclose(got[i], want, rel_tol=1e-12)), i
+    t2 = tabs[0][0].copy()
+    t2["rr"][60:] = 1  # later beats (a fast run) do not move the reference of earlier ones
+    assert np.array_equal(long_reference(t2, 40)[:60], long_reference(tabs[0][0], 40)[:60], equal_nan=True)
+    with pytest.raises(ValueError, match="beats >= 1"):
+        long_reference(t2, 0)
+
+
+def test_the_long_reference_keeps_the_usual_rhythm_through_an_ectopic_run():
+    """The case it is for: a run of fast beats filling 60% of the window stays early against it."""
+    rr = np.array([-1] + [100] * 400 + [50] * 600, np.int64)  # 100 samples usual, then a 600-beat run at 50
+    t = np.zeros(rr.size, [("rr", "<i4"), ("sample", "<i8")])
+    t["rr"] = rr
+    long, median = long_reference(t, 1000), running_reference(t, 256, "median")
+    assert long[-1] == 100 and median[-1] == 50  # the median took the run as the rhythm; the quartile did not

@@ -370,6 +370,9 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     assert [c.name for c in big.candidates][:3] == ["examples36k", "dropout01", "premature005"]
     assert (big.min_gain, big.min_folds, big.cv) == (0.015, 3, ("--folds", "4", "--seeds", "3"))
     assert big.env == {"HLM_ONEDNN_LINEAR": "0", "HLM_BLOCKED_ATTENTION": "1"}
+    usual = plans["hlm_usual_rhythm"]  # docs/hlm.md: judged by S/V F1, its one candidate the long reference
+    assert (usual.figure, usual.min_gain, usual.min_folds, usual.env) == ("sv_f1", 0.015, 3, big.env)
+    assert [(c.name, c.overrides) for c in usual.candidates] == [("longrr2048", ("dataset.long_rr=2048",))]
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
     assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"
