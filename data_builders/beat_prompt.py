@@ -119,8 +119,8 @@ class BeatPromptOptions:
         local_rr (int): 0 = off; else an RR token of the local average interval, the mean of the
             ``local_rr`` beats around the target (de Chazal 2004: 10), after the following RR.
         average_rr_s (float): 0 = off; else an RR token of the average interval of the beats
-            within ``average_rr_s / 2`` seconds of the target (de Chazal 2004: 300), last before
-            ``<beat?>``. Both are written as the other RR tokens (relative with ``normalized_rr``).
+            within ``average_rr_s / 2`` seconds of the target (de Chazal 2004: 300), after the
+            local average. Both are written as the other RR tokens (relative with ``normalized_rr``).
         long_rr (int): 0 = off; else an RR token of the beat's own interval relative to the upper
             quartile of the last ``long_rr`` intervals (``long_reference``: the patient's slower
             usual rhythm, which a running median loses inside a long ectopic run), written at the
