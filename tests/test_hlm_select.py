@@ -65,7 +65,8 @@ class FakeCv:
         if "--baseline" not in cmd:
             out.mkdir(parents=True, exist_ok=True)
             (out / "marker").write_text("baseline")
-            (out / "cv_metrics.json").write_text(json.dumps({"pooled": {"macro_f1": 0.5}}))
+            (out / "cv_metrics.json").write_text(json.dumps(  # per class as cv writes it: S/V F1 0.5 too
+                {"pooled": {"macro_f1": 0.5, "per_class": {"S": {"f1": 0.5}, "V": {"f1": 0.5}}}}))
             return 0
         base = cmd[cmd.index("--baseline") + 1]
         (out / "cv_metrics.json").unlink(missing_ok=True)  # as cv's clear_summaries
@@ -86,7 +87,10 @@ class FakeCv:
             cmp["folds"] = [{"delta": -x, "figure_delta": x, "same_pretraining": True} for x in d]
             cmp["pooled"].update(macro_f1=1 - pooled, delta=0.5 - pooled, figure_this=pooled, figure_baseline=0.5,
                                  figure_delta=pooled - 0.5)
-        (out / "cv_metrics.json").write_text(json.dumps({"pooled": {"macro_f1": pooled}, "baseline": cmp}))
+        this = {"macro_f1": pooled, "per_class": {"S": {"f1": pooled}, "V": {"f1": pooled}}}
+        if "--figure" in cmd:  # S/V F1 is the figure; macro-F1 moved the other way
+            this["macro_f1"] = 1 - pooled
+        (out / "cv_metrics.json").write_text(json.dumps({"pooled": this, "baseline": cmp}))
         return 0
 
 
@@ -114,7 +118,7 @@ def test_the_rule_carries_an_adopted_setting_into_every_later_candidate(tmp_path
     on_disk = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
     assert on_disk == rows
     summary = (out / "plan.md").read_text()
-    assert "3 of 3 candidates judged" in summary and "Adopted so far: `a=0 b=1`." in summary
+    assert "3 of 3 candidates judged" in summary and "Adopted so far: `good`; the settings now: `a=0 b=1`." in summary
     assert "| small | `c=1` | 0.510 (+0.010) | 4 of 4 | 0.600 (+0.100) |  | 4 of 4 folds | not adopted |" in summary
     assert small_row["same_pretraining"] == 4 and "stopped after fold 2" in summary
     assert "the plan is done" in summary and "The current baseline: `good/` (pooled macro-F1 0.517)." in summary
@@ -164,6 +168,9 @@ def test_a_rule_by_sv_f1_judges_and_reports_that_figure(tmp_path):
     summary = (out / "plan.md").read_text()
     assert "Rule: adopted when the pooled ensemble S/V F1 (mean of S F1 and V F1) is at least +0.015" in summary
     assert "| good | `b=1` | 0.517 (+0.017) | 3 of 4 |" in summary
+    # the baseline and the current one by the rule's figure first, then macro-F1
+    assert "Baseline (`a=0`): pooled S/V F1 (mean of S F1 and V F1) 0.500, pooled macro-F1 0.500." in summary
+    assert "The current baseline: `good/` (pooled S/V F1 (mean of S F1 and V F1) 0.517, pooled macro-F1 0.483)" in summary
     assert sel.describe(rows[0]).startswith("ADOPTED: pooled S/V F1 (mean of S F1 and V F1) 0.517 vs 0.500 (+0.017)")
     # verdicts of one figure are not resumed under a rule of another, nor a run judged by another read
     with pytest.raises(ValueError, match=r"'good' was judged with .*'figure': 'sv_f1'.*the plan now says .*macro_f1"):
@@ -268,7 +275,8 @@ def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_mac
     assert again[again.index("--out") + 1] == str(out / "baseline") and "--baseline" not in again
     assert good[good.index("--baseline") + 1] == str(out / "baseline")
     # the record now holds the figures made here (the fake's names no pretrained models)
-    assert json.loads((rec / "baseline" / "cv_metrics.json").read_text()) == {"pooled": {"macro_f1": 0.5}}
+    made_here = json.loads((rec / "baseline" / "cv_metrics.json").read_text())
+    assert made_here["pooled"]["macro_f1"] == 0.5 and "folds" not in made_here
     ckpt = out / "baseline" / "fold1" / "runs" / "pretrain" / "epoch_0"
     ckpt.mkdir(parents=True)
     (ckpt / "model.safetensors").write_bytes(b"weights")

@@ -54,7 +54,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hlmtune.hlm.cv import FIGURES
+from hlmtune.hlm.cv import FIGURES, figure_of
 from hlmtune.training.options import closest
 
 PLANS_DIR = Path(__file__).parent / "plans"
@@ -630,9 +630,12 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
 
     base_file = out / "baseline" / "cv_metrics.json"
     if base_file.exists():
-        base_line = f"pooled macro-F1 {json.loads(base_file.read_text())['pooled']['macro_f1']:.3f}."
+        base_line = _pooled_words(json.loads(base_file.read_text())["pooled"], plan) + "."
     elif rows and rows[0].get("baseline_macro_f1") is not None:
-        base_line = f"pooled macro-F1 {rows[0]['baseline_macro_f1']:.3f} (from the first verdict; its folder is not here)."
+        first = rows[0]
+        figure = _pooled_figure(first)[1] if first.get("figure", "macro_f1") == plan.figure else None
+        base_line = ("" if plan.figure == "macro_f1" or figure is None else f"pooled {plan.figure_words} {figure:.3f}, ") \
+            + f"pooled macro-F1 {first['baseline_macro_f1']:.3f} (from the first verdict; its folder is not here)."
     else:
         base_line = "not run yet."
     judged = {r["name"] for r in rows}
@@ -659,13 +662,24 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
                      f"{r['folds_at_or_above']} of {len(r['fold_deltas'])} | {f1(r['s_f1'])} | {f1(r['v_f1'])} | "
                      f"{_same_words(r)} | {outcome} |")
     waiting = [c.name for c in plan.candidates if c.name not in judged]
-    lines += ["", f"Adopted so far: `{carried.words()}`."]
+    adopted = [r["name"] for r in rows if r["adopted"]]
+    lines += ["", f"Adopted so far: {', '.join(f'`{n}`' for n in adopted) if adopted else 'none'}; "
+                  f"the settings now: `{carried.words()}`."]
     if current is not None and (current / "cv_metrics.json").exists():
-        now = json.loads((current / "cv_metrics.json").read_text())["pooled"]["macro_f1"]
-        lines.append(f"The current baseline: `{current.name}/` (pooled macro-F1 {now:.3f}).")
+        now = _pooled_words(json.loads((current / "cv_metrics.json").read_text())["pooled"], plan)
+        lines.append(f"The current baseline: `{current.name}/` ({now}).")
     lines.append(f"Not yet judged: {', '.join(waiting)}." if waiting else "Every candidate is judged: the plan is done.")
     atomic_write_text(out / "plan.md", "\n".join(lines) + "\n")
     return out / "plan.md"
+
+
+def _pooled_words(pooled: Dict[str, Any], plan: Plan) -> str:
+    """A cv result's pooled figures as plan.md names them: the rule's figure first, then macro-F1."""
+    macro = f"pooled macro-F1 {pooled['macro_f1']:.3f}"
+    if plan.figure == "macro_f1":
+        return macro
+    figure = figure_of(pooled, plan.figure)
+    return macro if figure is None else f"pooled {plan.figure_words} {figure:.3f}, {macro}"
 
 
 def _same_words(row: Dict[str, Any]) -> str:
