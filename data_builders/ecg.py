@@ -59,8 +59,8 @@ from hlmtune.data_builders.beat_prompt import (
     BeatBlock, BeatDraw, BeatPrompt, BeatPromptOptions, BeatSource, assemble_prompt, builder_signature, parse_options,
 )
 from hlmtune.data_builders.rr_features import (  # noqa: F401  (normalized_rr_tokens: public here too)
-    NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, normalized_rr_tokens, running_reference,
-    window_average_rr,
+    NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, long_rr_tokens, normalized_rr_tokens,
+    running_reference, window_average_rr,
 )
 from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
 
@@ -356,7 +356,8 @@ class ECGBeatClassificationDataset(Dataset):
         self.features = [self._feature_tokens(i, o) for i in range(len(self.beats.tables))]
         # per record: (n_beats,) the beat's own interval against the long reference (long_rr) as an RR
         # token, and the factor that turns a shown own interval (s, as its RR token writes it) into
-        # that ratio at 0.8 s, for examples whose interval is drawn (synthetic premature, fibrillating)
+        # that ratio at 0.8 s, for examples whose interval is drawn (synthetic premature, fibrillating;
+        # None where none is, evaluation among them)
         self.long_tokens, self.long_scale = self._long_rr(o) if o.long_rr else (None, None)
         self.amp = ([amplitude_lut(t, self.beats.tokens(i), self.vocab) for i, t in enumerate(self.beats.tables)]
                     if o.normalize_amplitude else None)
@@ -405,25 +406,25 @@ class ECGBeatClassificationDataset(Dataset):
                 cols.append(interval_tokens(v if ref is not None else v / fs, self.vocab, ref))
         return np.stack(cols, axis=1) if cols else np.zeros((t.size, 0), np.int64)
 
-    def _long_rr(self, o: BeatPromptOptions) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    def _long_rr(self, o: BeatPromptOptions) -> Tuple[List[np.ndarray], Optional[List[np.ndarray]]]:
         """Per record: ``long_rr``'s token of each beat, and the scale from a shown own interval to it.
 
-        ``token = rr(i) / long(i) * 0.8 s`` (:func:`long_reference`: the upper quartile of the last
-        ``long_rr`` intervals). The own RR token shows ``rr / ref * 0.8`` with ``normalized_rr``
-        (``ref`` its running reference) and ``rr / fs`` without, so the scale is ``ref / long`` or
-        ``0.8 * fs / long``.
+        The token is ``rr / long * 0.8 s`` (:func:`long_rr_tokens`). The own RR token shows
+        ``rr / ref * 0.8`` with ``normalized_rr`` (``ref`` its running reference) and ``rr / fs``
+        without, so the scale is ``ref / long`` or ``0.8 * fs / long``; computed only where
+        examples are drawn (``premature_synth``, ``irregular_synth``), else None.
         """
+        drawn = bool(o.premature_synth or o.irregular_synth)
         tokens, scales = [], []
         for i, t in enumerate(self.beats.tables):
             long = long_reference(t, int(o.long_rr))  # (n_beats,) input samples
-            rr = t["rr"].astype(np.float64)
-            rr[rr <= 0] = np.nan
-            tokens.append(interval_tokens(rr, self.vocab, long))
-            with np.errstate(invalid="ignore", divide="ignore"):
+            tokens.append(long_rr_tokens(t, self.vocab, int(o.long_rr), reference=long))
+            if drawn:
                 shown = (running_reference(t, int(o.normalized_rr), o.rr_reference) if o.normalized_rr
                          else np.full(t.size, NORMAL_RR_S * float(self.beats.meta[i]["fs"])))
-                scales.append(shown / long)
-        return tokens, scales
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    scales.append(shown / long)
+        return tokens, scales if drawn else None
 
     def _long_token(self, k: int, own: int) -> int:
         """Example ``k``'s ``long_rr`` token: the record's, or from its shown own interval when drawn."""
@@ -431,11 +432,10 @@ class ECGBeatClassificationDataset(Dataset):
         i, j = int(self.rec[e]), int(self.beat[e])
         if not (self.synthetic[k] or self.irregular[k]):
             return int(self.long_tokens[i][j])
-        b, scale = int(own) - self.vocab.rr_base, float(self.long_scale[i][j])
-        if not 0 <= b < int(self.params.rr_bins) or not np.isfinite(scale):
+        shown, scale = self._intervals_s([own]), float(self.long_scale[i][j])  # (0 or 1,) s: the bin middle
+        if shown.size == 0 or not np.isfinite(scale):
             return self.unknown_rr
-        mid = 0.5 * (self._rr_edges[b] + self._rr_edges[b + 1])  # s, the shown interval's bin middle
-        return int(self.vocab.rr_base + rr_bin(np.array([mid * scale]), self._rr_edges)[0])
+        return int(self.vocab.rr_base + rr_bin(shown * scale, self._rr_edges)[0])
 
     def _targets(self, class_ids: np.ndarray, beat_mask: Optional[Dict[str, np.ndarray]],
                  override: Optional[Dict[str, np.ndarray]] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

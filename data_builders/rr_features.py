@@ -141,6 +141,25 @@ def normalized_rr_tokens(table: np.ndarray, vocab: Vocabulary, beats: int, stat:
     return interval_tokens(_known(table), vocab, running_reference(table, beats, stat))
 
 
+def long_rr_tokens(table: np.ndarray, vocab: Vocabulary, beats: int,
+                   reference: Optional[np.ndarray] = None) -> np.ndarray:
+    """Each beat's own interval against the upper quartile of the last ``beats`` (``long_rr``), as an RR token.
+
+    ``rr(i) / long(i)`` (:func:`long_reference`), written as the RR token of ``ratio * NORMAL_RR_S``
+    whether or not the prompt's other RR tokens are normalized: the ratio is what it is for.
+
+    Args:
+        table (np.ndarray): a record's beat table (``rr`` in input samples, -1 unknown).
+        vocab (Vocabulary): the shards' vocabulary (RR bins > 0).
+        beats (int): intervals in the long reference (>= 1).
+        reference (Optional[np.ndarray]): ``long_reference(table, beats)`` when the caller has it.
+
+    Returns:
+        np.ndarray: (n_beats,) int64 token ids (the unknown-RR token where rr is unknown).
+    """
+    return interval_tokens(_known(table), vocab, long_reference(table, beats) if reference is None else reference)
+
+
 def local_average_rr(table: np.ndarray, beats: int) -> np.ndarray:
     """(n,) mean known interval (input samples) of beats ``i - beats // 2 .. i + (beats - 1) // 2``.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -437,13 +438,16 @@ def test_long_rr_is_the_beats_interval_against_the_upper_quartile_of_earlier_bea
     width = e[1] - e[0]
     sec = lambda t: (e[t - v.rr_base] + e[t - v.rr_base + 1]) / 2  # noqa: E731
 
-    def by_hand(table, j, beats=48):
+    def upper_quartile(table, j, beats=48):
         known = sorted(float(x) for x in table["rr"][max(0, j - beats + 1): j + 1] if x > 0)
-        if table["rr"][j] <= 0 or not known:
-            return v.rr_base + p.rr_bins
         pos = 0.75 * (len(known) - 1)
         lo = int(pos)
-        q = known[lo] + (known[min(lo + 1, len(known) - 1)] - known[lo]) * (pos - lo)
+        return known[lo] + (known[min(lo + 1, len(known) - 1)] - known[lo]) * (pos - lo) if known else None
+
+    def by_hand(table, j):
+        q = upper_quartile(table, j)
+        if table["rr"][j] <= 0 or q is None:
+            return v.rr_base + p.rr_bins
         ratio_s = NORMAL_RR_S * float(table["rr"][j]) / q
         return v.rr_base + min(p.rr_bins - 1, max(0, int((ratio_s - p.rr_min_s) // width)))
 
@@ -461,7 +465,9 @@ def test_long_rr_is_the_beats_interval_against_the_upper_quartile_of_earlier_bea
             assert long_tok == by_hand(ds.beats.tables[i], j), k
             continue
         synthetic += 1  # its drawn interval (0.55-0.85 of the context's cycle), against the long reference
-        scale = float(ds.long_scale[i][j])
+        t = ds.beats.tables[i]  # the shown token is rr / median(last 64) at 0.8 s: rescaled to the quartile
+        median = statistics.median(float(x) for x in t["rr"][max(0, j - 63): j + 1] if x > 0)
+        scale = median / upper_quartile(t, j)
         assert abs(sec(long_tok) - min(max(sec(ex.rr_token) * scale, e[0]), e[-1])) <= width, k
     assert real > 50 and synthetic > 10
     plain = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=8,

@@ -171,6 +171,10 @@ def test_a_rule_by_sv_f1_judges_and_reports_that_figure(tmp_path):
     # the baseline and the current one by the rule's figure first, then macro-F1
     assert "Baseline (`a=0`): pooled S/V F1 (mean of S F1 and V F1) 0.500, pooled macro-F1 0.500." in summary
     assert "The current baseline: `good/` (pooled S/V F1 (mean of S F1 and V F1) 0.517, pooled macro-F1 0.483)" in summary
+    (out / "baseline" / "cv_metrics.json").unlink()  # its folder lost: the first verdict names its figures
+    sel.run_plan(plan, out, runner=FakeCv({}))
+    assert ("Baseline (`a=0`): pooled S/V F1 (mean of S F1 and V F1) 0.500, pooled macro-F1 0.500 (from the first "
+            "verdict; its folder is not here).") in (out / "plan.md").read_text()
     assert sel.describe(rows[0]).startswith("ADOPTED: pooled S/V F1 (mean of S F1 and V F1) 0.517 vs 0.500 (+0.017)")
     # verdicts of one figure are not resumed under a rule of another, nor a run judged by another read
     with pytest.raises(ValueError, match=r"'good' was judged with .*'figure': 'sv_f1'.*the plan now says .*macro_f1"):

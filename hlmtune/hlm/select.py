@@ -633,9 +633,9 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
         base_line = _pooled_words(json.loads(base_file.read_text())["pooled"], plan) + "."
     elif rows and rows[0].get("baseline_macro_f1") is not None:
         first = rows[0]
-        figure = _pooled_figure(first)[1] if first.get("figure", "macro_f1") == plan.figure else None
-        base_line = ("" if plan.figure == "macro_f1" or figure is None else f"pooled {plan.figure_words} {figure:.3f}, ") \
-            + f"pooled macro-F1 {first['baseline_macro_f1']:.3f} (from the first verdict; its folder is not here)."
+        base_line = f"pooled macro-F1 {first['baseline_macro_f1']:.3f} (from the first verdict; its folder is not here)."
+        if plan.figure != "macro_f1" and first.get("figure", "macro_f1") == plan.figure:
+            base_line = f"pooled {plan.figure_words} {_pooled_figure(first)[1]:.3f}, {base_line}"
     else:
         base_line = "not run yet."
     judged = {r["name"] for r in rows}
