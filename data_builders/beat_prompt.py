@@ -30,6 +30,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from hlmtune.data_builders.rr_features import RR_REFERENCES
 from hlmtune.ecg_tokenizer.splits import TRAIN
 from hlmtune.ecg_tokenizer.vocab import BOS_ID
 
@@ -115,7 +116,9 @@ class BeatPromptOptions:
         next_rr (bool): the prompt ends with the following RR interval (the compensatory pause
             of the classic inter-patient feature sets).
         rr_reference (str): the running reference of ``normalized_rr``: ``median`` or ``mean`` of
-            the last ``normalized_rr`` intervals.
+            the last ``normalized_rr`` intervals, or ``gated``: the median of the last
+            ``normalized_rr`` intervals that were neither early nor pauses (``gated_reference``:
+            an abrupt ectopic run stays early against it, a gradual speed-up does not).
         local_rr (int): 0 = off; else an RR token of the local average interval, the mean of the
             ``local_rr`` beats around the target (de Chazal 2004: 10), after the following RR.
         average_rr_s (float): 0 = off; else an RR token of the average interval of the beats
@@ -188,8 +191,8 @@ class BeatPromptOptions:
             raise ValueError(f"context_beats must be 0..1000, got {self.context_beats}")
         if not 0 <= int(self.normalized_rr) <= 100_000:
             raise ValueError(f"normalized_rr must be 0 (off) or the beats of its running median, got {self.normalized_rr}")
-        if self.rr_reference not in ("median", "mean"):
-            raise ValueError(f"rr_reference must be 'median' or 'mean', got {self.rr_reference!r}")
+        if self.rr_reference not in RR_REFERENCES:
+            raise ValueError(f"rr_reference must be one of {RR_REFERENCES}, got {self.rr_reference!r}")
         if not 0 <= int(self.local_rr) <= 1000:
             raise ValueError(f"local_rr must be 0 (off) or the beats of the local average (<= 1000), got {self.local_rr}")
         if not 0.0 <= float(self.average_rr_s) <= 3600.0:

@@ -135,20 +135,21 @@ def test_normalized_rr_tokens_match_a_slow_reference(hlm):
             assert got[i] - v.rr_base == want, (record, i)
 
 
-def test_normalized_rr_prompt_replaces_every_interval_and_keeps_the_waveform(hlm):
+@pytest.mark.parametrize("reference", ["median", "gated"])
+def test_normalized_rr_prompt_replaces_every_interval_and_keeps_the_waveform(hlm, reference):
     from hlmtune.data_builders import ecg_beat_classification_dataset
     from hlmtune.data_builders.ecg import normalized_rr_tokens
 
     tk, v = hlm["tk"], hlm["tk"].vocab
     plain = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=4)
     norm = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=4,
-                                           normalized_rr=64)
+                                           normalized_rr=64, rr_reference=reference)
     unknown = v.rr_base + tk.params.rr_bins
     changed = 0
     for k in range(0, len(plain), max(1, len(plain) // 50)):
         a, b = plain.prompt(k), norm.prompt(k)
         i, j = int(norm.rec[norm.index[k]]), int(norm.beat[norm.index[k]])
-        rn = normalized_rr_tokens(_beats(hlm, hlm["train"][i]), v, 64).tolist()
+        rn = normalized_rr_tokens(_beats(hlm, hlm["train"][i]), v, 64, reference).tolist()
         c = len(a) - 1 - (2 + 128 + 2)  # context beats before <sep>
         want = ([a[0]] + rn[j - c : j] + [a[1 + c], rn[j]] + a[3 + c : 3 + c + 128]
                 + [rn[j + 1] if j + 1 < len(rn) else unknown, a[-1]])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from hlmtune.data_builders.rr_features import (
-    NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, normalized_rr_tokens, running_reference,
-    window_average_rr,
+    NORMAL_RR_S, gated_reference, interval_tokens, local_average_rr, long_reference, normalized_rr_tokens,
+    running_reference, window_average_rr,
 )
 
 
@@ -117,3 +117,71 @@ def test_the_long_reference_keeps_the_usual_rhythm_through_an_ectopic_run():
     t["rr"] = rr
     long, median = long_reference(t, 1000), running_reference(t, 256, "median")
     assert long[-1] == 100 and median[-1] == 50  # the median took the run as the rhythm; the quartile did not
+
+
+def _gated_by_hand(rr, beats, early=0.8, pause=1.3, slower=4):
+    """The gated reference beat by beat: a plain list of accepted intervals, its median by statistics."""
+    accepted, streak, ref, out = [], [], None, []
+    for x in rr:
+        if x is not None:
+            if ref is None or early * ref <= x <= pause * ref:
+                accepted.append(x)
+                streak = []
+            elif x > pause * ref:
+                streak.append(x)
+                if len(streak) == slower:
+                    accepted, streak = list(streak), []
+            else:
+                streak = []
+            ref = statistics.median(accepted[-beats:])
+        out.append(float("nan") if ref is None else ref)
+    return out
+
+
+def _table(rr):
+    t = np.zeros(len(rr), [("rr", "<i4"), ("sample", "<i8")])
+    t["rr"] = rr
+    t["sample"] = np.cumsum(np.maximum(t["rr"], 0))
+    return t
+
+
+def test_gated_reference_matches_a_slow_reference_and_reads_earlier_beats_only(tables):
+    tabs, vocab = tables
+    for t, _ in tabs:
+        for beats in (1, 8, 32):
+            got = gated_reference(t, beats)
+            want = _gated_by_hand(_known(t["rr"]), beats)
+            assert np.allclose(got, want, rtol=1e-12, equal_nan=True), beats
+        assert np.array_equal(running_reference(t, 32, "gated"), gated_reference(t, 32), equal_nan=True)
+    # Real beat tables hold few pauses and early beats: a drawn rhythm exercises every branch.
+    rng = np.random.default_rng(0)
+    rr = (100 * np.exp(rng.normal(0, 0.25, 3000))).astype(int)
+    rr[::97] = -1  # unknown intervals keep the reference
+    assert np.allclose(gated_reference(_table(rr), 16), _gated_by_hand(_known(rr), 16), rtol=1e-12, equal_nan=True)
+    t2 = _table(rr)
+    t2["rr"][500:] = 20  # later beats do not move the reference of earlier ones
+    assert np.array_equal(gated_reference(t2, 16)[:500], gated_reference(_table(rr), 16)[:500], equal_nan=True)
+    t0 = tabs[0][0]
+    assert np.array_equal(normalized_rr_tokens(t0, vocab, 32, "gated"),
+                          interval_tokens(np.where(t0["rr"] > 0, t0["rr"], np.nan).astype(float), vocab,
+                                          gated_reference(t0, 32)))
+    with pytest.raises(ValueError, match="beats >= 1"):
+        gated_reference(t0, 0)
+
+
+def test_the_gated_reference_follows_a_gradual_speed_up_but_not_an_abrupt_run():
+    """What it is for: a run that starts with a jump stays early; a sinus rhythm speeding up is followed."""
+    run = _table([-1] + [100] * 400 + [50] * 600 + [100] * 50)  # usual 100 samples, a 600-beat run at 50
+    gated, median = gated_reference(run, 32), running_reference(run, 256, "median")
+    assert gated[1000] == 100 and median[1000] == 50  # the median took the run as the rhythm
+    assert gated[-1] == 100
+    ramp = _table([-1] + [100] * 100 + np.linspace(100, 60, 400).astype(int).tolist())  # 0.13% a beat
+    assert gated_reference(ramp, 32)[-1] <= 62  # followed to within a few percent
+    # A pause is left out; four in a row are a slower rhythm, adopted at the fourth.
+    pauses = _table([-1] + [100] * 50 + [150] + [100] * 10 + [200] * 6)
+    ref = gated_reference(pauses, 32)
+    assert ref[51] == 100 and ref[64] == 100 and ref[65] == 200 and ref[-1] == 200  # pauses from index 62
+    # A record that begins inside a fast run: the slower usual rhythm after it becomes the reference.
+    start = _table([-1] + [50] * 100 + [100] * 20 + [50] * 30)
+    ref = gated_reference(start, 32)
+    assert ref[100] == 50 and ref[103] == 50 and ref[104] == 100 and ref[-1] == 100  # the second run is early
