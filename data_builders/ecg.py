@@ -1136,6 +1136,8 @@ def ecg_beat_classification_dataset(tokenizer: Any, **options: Any) -> ECGBeatCl
 
 
 ecg_beat_classification_dataset.__signature__ = builder_signature(ecg_beat_classification_dataset)  # type: ignore[attr-defined]
+ecg_beat_classification_dataset.check_arguments = (  # type: ignore[attr-defined]  (config validation)
+    lambda kwargs: parse_options("ecg_beat_classification_dataset", kwargs))
 
 # DPO pairs: a larger share of S and V pairs by default; the rr target is a second loss term of
 # the classification recipe, which a preference pair has no place for (nor the stretch tried with it).
@@ -1163,6 +1165,8 @@ def ecg_beat_dpo_dataset(tokenizer: Any, **options: Any) -> ECGBeatPreferenceDat
 
 
 ecg_beat_dpo_dataset.__signature__ = builder_signature(ecg_beat_dpo_dataset, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED)  # type: ignore[attr-defined]
+ecg_beat_dpo_dataset.check_arguments = (  # type: ignore[attr-defined]  (config validation)
+    lambda kwargs: parse_options("ecg_beat_dpo_dataset", kwargs, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED))
 
 
 def ecg_beat_stream_dataset(

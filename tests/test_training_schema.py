@@ -232,3 +232,19 @@ def test_each_dataset_of_a_list_is_checked_under_its_own_key(monkeypatch, tmp_pa
     with pytest.raises(ConfigError) as e:
         validate_config(cfg, "lora_finetune_distributed")
     assert "dataset[1].max_seq_len: 4096 is longer than the model's context" in str(e.value)
+
+
+@pytest.mark.parametrize("config,recipe,override,needle", [
+    ("ecg_lora", "lora_finetune_distributed", "dataset.long_rr=-3", "dataset: long_rr must be 0 (off)"),
+    ("ecg_lora", "lora_finetune_distributed", "dataset.rr_reference=gatd", "dataset: rr_reference must be one of"),
+    ("ecg_lora", "lora_finetune_distributed", "dataset.template_delta=True dataset.template_beats=0",
+     "dataset: template_delta shows the beat minus"),
+    ("ecg_dpo", "lora_dpo_distributed", "dataset.premature_synth=3", "dataset: premature_synth must be 0..1"),
+])
+def test_beat_option_values_are_checked_before_any_data_exists(monkeypatch, tmp_path, config, recipe, override, needle):
+    """The beat builders' range checks run at validation (no shards, no manifest), naming the section."""
+    monkeypatch.setenv("HLM_DATA", str(tmp_path / "nothing_here"))
+    validate_config(load_config(str(config_path(config)), []), recipe)
+    with pytest.raises(ConfigError) as e:
+        validate_config(load_config(str(config_path(config)), override.split()), recipe)
+    assert needle in str(e.value)

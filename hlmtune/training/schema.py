@@ -223,6 +223,16 @@ def _check_component(node: Mapping[str, Any], where: str, errors: List[str]) -> 
             # **kwargs would swallow it (e.g. load_dataset kwargs), but it is one edit away
             # from a declared argument: almost certainly a typo.
             errors.append(f"{where}.{k}: {comp} has no argument '{k}'{closest(k, named)}")
+    # A builder may check its arguments' values without reading any file (``check_arguments``: the
+    # beat builders' option ranges), so `hlmtune validate` refuses them before data exists.
+    check = getattr(target, "check_arguments", None)
+    if callable(check):
+        try:
+            check({k: node[k] for k in given})
+        except ValueError as e:
+            errors.append(f"{where}: {e}")
+        except TypeError:  # an unknown key: named above, with the closest one
+            pass
     # A top-level section, or an item of a list section (dataset[i] of a ConcatDataset), gets the
     # arguments the recipe passes; nested components do not.
     section = where.split("[")[0] if "." not in where else None
