@@ -118,7 +118,9 @@ class BeatPromptOptions:
         rr_reference (str): the running reference of ``normalized_rr``: ``median`` or ``mean`` of
             the last ``normalized_rr`` intervals, or ``gated``: the median of the last
             ``normalized_rr`` intervals that were neither early nor pauses (``gated_reference``:
-            an abrupt ectopic run stays early against it, a gradual speed-up does not).
+            an abrupt ectopic run stays early against it, a gradual speed-up does not), or
+            ``gated_regular``: the same, with every interval entering while the rhythm is
+            irregular (fibrillation: no interval is early there).
         local_rr (int): 0 = off; else an RR token of the local average interval, the mean of the
             ``local_rr`` beats around the target (de Chazal 2004: 10), after the following RR.
         average_rr_s (float): 0 = off; else an RR token of the average interval of the beats

@@ -60,7 +60,7 @@ from hlmtune.data_builders.beat_prompt import (
 )
 from hlmtune.data_builders.rr_features import (  # noqa: F401  (normalized_rr_tokens: public here too)
     NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, long_rr_tokens, normalized_rr_tokens,
-    running_reference, window_average_rr,
+    rhythm_irregularity, running_reference, window_average_rr,
 )
 from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
 
@@ -284,27 +284,6 @@ class _BeatTables:
         state = dict(self.__dict__)
         state["_maps"] = {}
         return state
-
-
-def rhythm_irregularity(intervals: np.ndarray) -> float:
-    """How irregular a run of RR intervals is: median |successive difference| / median interval.
-
-    Sinus rhythm changes little from beat to beat (a few percent of the cycle); atrial
-    fibrillation is irregularly irregular (successive differences of 10-30% of the cycle). The
-    median keeps one ectopic beat and its pause from making a regular rhythm look irregular.
-    Prematurity, and so a supraventricular premature beat, is defined against a regular
-    underlying rhythm: ``premature_max_irregularity`` synthesizes S beats only there.
-
-    Args:
-        intervals (np.ndarray): (n,) RR intervals in time order (any unit).
-
-    Returns:
-        float: the ratio; ``inf`` with fewer than 3 intervals (irregularity unknown).
-    """
-    x = np.asarray(intervals, dtype=np.float64)
-    if x.size < 3:
-        return float("inf")
-    return float(np.median(np.abs(np.diff(x))) / np.median(x))
 
 
 class ECGBeatClassificationDataset(Dataset):

@@ -88,7 +88,7 @@ def test_parse_options_names_the_closest_key_and_honours_builder_defaults():
     (dict(premature_synth=0.1, premature_max_irregularity=11), r"must be in \(0, 10\]"),
     (dict(irregular_no_p_wave=True), "it needs irregular_synth > 0"),
     (dict(augment_stretch=0.6), "augment_stretch must be 0"),
-    (dict(rr_reference="mode"), "rr_reference must be one of .'median', 'mean', 'gated'."),
+    (dict(rr_reference="mode"), "rr_reference must be one of .'median', 'mean', 'gated', 'gated_regular'."),
     (dict(local_rr=-1), "local_rr must be 0"),
     (dict(long_rr=-5), "long_rr must be 0"),
     (dict(average_rr_s=4000), "average_rr_s must be 0"),

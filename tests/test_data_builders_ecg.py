@@ -135,7 +135,7 @@ def test_normalized_rr_tokens_match_a_slow_reference(hlm):
             assert got[i] - v.rr_base == want, (record, i)
 
 
-@pytest.mark.parametrize("reference", ["median", "gated"])
+@pytest.mark.parametrize("reference", ["median", "gated", "gated_regular"])
 def test_normalized_rr_prompt_replaces_every_interval_and_keeps_the_waveform(hlm, reference):
     from hlmtune.data_builders import ecg_beat_classification_dataset
     from hlmtune.data_builders.ecg import normalized_rr_tokens
@@ -474,16 +474,6 @@ def test_long_rr_is_the_beats_interval_against_the_upper_quartile_of_earlier_bea
     plain = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=8,
                                             beat_samples=96, normalized_rr=64)
     assert all(ds.prompt(k)[:-2] == plain.prompt(k)[:-1] for k in range(0, len(ds), 7) if not ds.synthetic[k])
-
-
-def test_rhythm_irregularity_by_hand():
-    from hlmtune.data_builders.ecg import rhythm_irregularity
-
-    assert rhythm_irregularity([0.8, 0.8, 0.8, 0.8]) == 0.0
-    assert rhythm_irregularity([0.8, 1.0, 0.8, 1.0]) == pytest.approx(0.2 / 0.9)  # alternating: irregular
-    assert rhythm_irregularity([1.0, 1.0]) == float("inf")  # too few intervals to tell
-    # one premature beat and its pause in 16 regular intervals: still regular (the median ignores it)
-    assert rhythm_irregularity([1.0] * 7 + [0.6, 1.4] + [1.0] * 7) == 0.0
 
 
 def test_premature_synth_with_an_irregularity_limit_skips_irregular_contexts(hlm):

@@ -10,7 +10,7 @@ import pytest
 
 from hlmtune.data_builders.rr_features import (
     NORMAL_RR_S, gated_reference, interval_tokens, local_average_rr, long_reference, normalized_rr_tokens,
-    running_reference, window_average_rr,
+    rhythm_irregularity, running_irregularity, running_reference, window_average_rr,
 )
 
 
@@ -119,12 +119,21 @@ def test_the_long_reference_keeps_the_usual_rhythm_through_an_ectopic_run():
     assert long[-1] == 100 and median[-1] == 50  # the median took the run as the rhythm; the quartile did not
 
 
-def _gated_by_hand(rr, beats, early=0.8, pause=1.3, slower=4):
+def _irregularity_by_hand(known):
+    """median |successive difference| / median of a list, by statistics (inf under 3 values)."""
+    if len(known) < 3:
+        return float("inf")
+    return statistics.median([abs(b - a) for a, b in zip(known, known[1:])]) / statistics.median(known)
+
+
+def _gated_by_hand(rr, beats, early=0.8, pause=1.3, slower=4, open_above=None, rhythm=16):
     """The gated reference beat by beat: a plain list of accepted intervals, its median by statistics."""
-    accepted, streak, ref, out = [], [], None, []
+    accepted, streak, ref, out, seen = [], [], None, [], []
     for x in rr:
         if x is not None:
-            if ref is None or early * ref <= x <= pause * ref:
+            seen.append(x)
+            irregular = open_above is not None and _irregularity_by_hand(seen[-rhythm:]) > open_above
+            if ref is None or irregular or early * ref <= x <= pause * ref:
                 accepted.append(x)
                 streak = []
             elif x > pause * ref:
@@ -185,3 +194,46 @@ def test_the_gated_reference_follows_a_gradual_speed_up_but_not_an_abrupt_run():
     start = _table([-1] + [50] * 100 + [100] * 20 + [50] * 30)
     ref = gated_reference(start, 32)
     assert ref[100] == 50 and ref[103] == 50 and ref[104] == 100 and ref[-1] == 100  # the second run is early
+
+
+def test_rhythm_irregularity_by_hand():
+    assert rhythm_irregularity([0.8, 0.8, 0.8, 0.8]) == 0.0
+    assert rhythm_irregularity([0.8, 1.0, 0.8, 1.0]) == pytest.approx(0.2 / 0.9)  # alternating: irregular
+    assert rhythm_irregularity([1.0, 1.0]) == float("inf")  # too few intervals to tell
+    # one premature beat and its pause do not make a regular rhythm irregular (median, not mean)
+    assert rhythm_irregularity([1.0] * 7 + [0.6, 1.4] + [1.0] * 7) == 0.0
+
+
+def test_running_irregularity_matches_a_slow_reference_over_known_intervals(tables):
+    tabs, _ = tables
+    rng = np.random.default_rng(2)
+    rr = (100 * np.exp(rng.normal(0, 0.2, 400))).astype(int)
+    rr[[0, 1, 50, 51, 52, 300]] = -1  # unknown intervals are skipped, not counted
+    for t in [tt for tt, _ in tabs] + [_table(rr)]:
+        known, got = _known(t["rr"]), running_irregularity(t, 16)
+        for i in range(len(known)):
+            seen = [x for x in known[: i + 1] if x is not None][-16:]
+            want = _irregularity_by_hand(seen)
+            assert got[i] == want or math.isclose(got[i], want, rel_tol=1e-12), i
+    with pytest.raises(ValueError, match="beats >= 3"):
+        running_irregularity(tabs[0][0], 2)
+
+
+def test_gated_regular_matches_a_slow_reference_and_opens_the_gate_in_an_irregular_rhythm(tables):
+    tabs, _ = tables
+    rng = np.random.default_rng(3)
+    # regular stretches with an ectopic run, then fibrillation, then regular again
+    rr = np.concatenate([np.full(300, 100), np.full(200, 50), (100 * np.exp(rng.normal(0, 0.3, 1500))),
+                         np.full(300, 90)]).astype(int)
+    rr[::131] = -1
+    for t in [tt for tt, _ in tabs] + [_table(rr)]:
+        got = running_reference(t, 32, "gated_regular")
+        want = _gated_by_hand(_known(t["rr"]), 32, open_above=0.2)
+        assert np.allclose(got, want, rtol=1e-12, equal_nan=True)
+    t = _table(rr)
+    gated, regular = gated_reference(t, 32), running_reference(t, 32, "gated_regular")
+    assert regular[499] == 100 and gated[499] == 100  # the run (regular) stays early against both
+    fib = slice(900, 2000)
+    # in fibrillation the always-on gate keeps short intervals out and drifts up to the long ones;
+    # the open gate stays at the rhythm's median
+    assert np.median(gated[fib]) > 1.08 * np.median(rr[fib]) and abs(np.median(regular[fib]) / np.median(rr[fib]) - 1) < 0.03

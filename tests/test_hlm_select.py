@@ -388,7 +388,8 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     gated = plans["hlm_gated_rhythm"]  # docs/hlm.md: the same rule, its one candidate the gated reference
     assert (gated.figure, gated.min_gain, gated.min_folds, gated.env) == ("sv_f1", 0.015, 3, big.env)
     assert [(c.name, c.overrides) for c in gated.candidates] == [
-        ("gated32", ("dataset.rr_reference=gated", "dataset.normalized_rr=32"))]
+        ("gated32", ("dataset.rr_reference=gated", "dataset.normalized_rr=32")),
+        ("gated32_regular", ("dataset.rr_reference=gated_regular", "dataset.normalized_rr=32"))]
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
     assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"
