@@ -1092,6 +1092,11 @@ def beat_classification_dataset(
     return ECGBeatClassificationDataset(manifest, chosen, prompt=prompt, draw=draw, beat_mask=mask, labels=labels)
 
 
+def _classification_options(options: Mapping[str, Any]) -> Tuple[BeatSource, BeatDraw, BeatPromptOptions]:
+    """:func:`ecg_beat_classification_dataset`'s keys as its option objects (no file read)."""
+    return parse_options("ecg_beat_classification_dataset", options)
+
+
 def ecg_beat_classification_dataset(tokenizer: Any, **options: Any) -> ECGBeatClassificationDataset:
     """Beat classification (AAMI N/S/V/F/Q): signal-only prompt, the class token after it.
 
@@ -1111,17 +1116,21 @@ def ecg_beat_classification_dataset(tokenizer: Any, **options: Any) -> ECGBeatCl
     Raises:
         TypeError: a key that is not an option, naming the closest one.
     """
-    return beat_classification_dataset(tokenizer, *parse_options("ecg_beat_classification_dataset", options))
+    return beat_classification_dataset(tokenizer, *_classification_options(options))
 
 
 ecg_beat_classification_dataset.__signature__ = builder_signature(ecg_beat_classification_dataset)  # type: ignore[attr-defined]
-ecg_beat_classification_dataset.check_arguments = (  # type: ignore[attr-defined]  (config validation)
-    lambda kwargs: parse_options("ecg_beat_classification_dataset", kwargs))
+ecg_beat_classification_dataset.check_arguments = _classification_options  # type: ignore[attr-defined]  (config validation)
 
 # DPO pairs: a larger share of S and V pairs by default; the rr target is a second loss term of
 # the classification recipe, which a preference pair has no place for (nor the stretch tried with it).
 DPO_DEFAULTS = {"balance": 0.25}
 DPO_EXCLUDED = ("rr_target", "augment_stretch")
+
+
+def _dpo_options(options: Mapping[str, Any]) -> Tuple[BeatSource, BeatDraw, BeatPromptOptions]:
+    """:func:`ecg_beat_dpo_dataset`'s keys as its option objects (no file read)."""
+    return parse_options("ecg_beat_dpo_dataset", options, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED)
 
 
 def ecg_beat_dpo_dataset(tokenizer: Any, **options: Any) -> ECGBeatPreferenceDataset:
@@ -1139,13 +1148,11 @@ def ecg_beat_dpo_dataset(tokenizer: Any, **options: Any) -> ECGBeatPreferenceDat
     Returns:
         ECGBeatPreferenceDataset: torchtune preference samples (``padded_collate_dpo``).
     """
-    parsed = parse_options("ecg_beat_dpo_dataset", options, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED)
-    return ECGBeatPreferenceDataset(beat_classification_dataset(tokenizer, *parsed))
+    return ECGBeatPreferenceDataset(beat_classification_dataset(tokenizer, *_dpo_options(options)))
 
 
 ecg_beat_dpo_dataset.__signature__ = builder_signature(ecg_beat_dpo_dataset, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED)  # type: ignore[attr-defined]
-ecg_beat_dpo_dataset.check_arguments = (  # type: ignore[attr-defined]  (config validation)
-    lambda kwargs: parse_options("ecg_beat_dpo_dataset", kwargs, defaults=DPO_DEFAULTS, exclude=DPO_EXCLUDED))
+ecg_beat_dpo_dataset.check_arguments = _dpo_options  # type: ignore[attr-defined]  (config validation)
 
 
 def ecg_beat_stream_dataset(
@@ -1331,6 +1338,5 @@ def beat_test_dataset(
         defaults = {k: p.default for k, p in inspect.signature(ecg_beat_stream_dataset).parameters.items()
                     if p.default is not inspect.Parameter.empty}
         return beat_stream_dataset(tokenizer, **{**defaults, **keys}, evaluation=True)
-    dpo = builder == "ecg_beat_dpo_dataset"
-    parsed = parse_options(builder, keys, defaults=DPO_DEFAULTS if dpo else (), exclude=DPO_EXCLUDED if dpo else ())
+    parsed = (_dpo_options if builder == "ecg_beat_dpo_dataset" else _classification_options)(keys)
     return beat_classification_dataset(tokenizer, *parsed, evaluation=True, labels=labels)

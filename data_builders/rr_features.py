@@ -57,9 +57,10 @@ GATE_SLOWER = 4
 # "early" against the patient's usual one, and a gate that keeps out only short intervals drifts
 # up to the long ones: svdb/867's N beats, 1,718 of them early against ``gated``. DS1's
 # fibrillating N beats have an irregularity of 0.15-0.45 (10th-90th percentiles, median 0.27:
-# ECGBeatClassificationDataset.IRREGULAR_SIGMA), sinus rhythm a few percent. Over the 61 training patients' annotations, gates opening above 0.05 /
-# 0.08 / 0.12 / 0.2 (counted before any run with it): 0.2 kept the most S beats early (93%, all of
-# svdb/865's) of those with fewer N beats early than the 256-beat median (3.9% against 4.7%).
+# ECGBeatClassificationDataset.IRREGULAR_SIGMA), sinus rhythm a few percent. Over the 61 training
+# patients' annotations, gates opening above 0.05 / 0.08 / 0.12 / 0.2 (counted before any run with
+# it): 0.2 kept the most S beats early (93%, all of svdb/865's) of those with fewer N beats early
+# than the 256-beat median (3.9% against 4.7%).
 GATE_IRREGULAR = 0.2
 GATE_RHYTHM_BEATS = 16
 # ``long_rr``'s reference: the upper quartile of a long window. A running median adopts an

@@ -1014,6 +1014,13 @@ def test_record_balance_spreads_a_class_over_its_patients(hlm):
     assert len(v_rec) >= 2 and max(v_rec.values()) - min(v_rec.values()) <= 1, v_rec
 
 
+def test_a_dpo_runs_test_set_reads_its_keys_as_the_dpo_builder_does():
+    """`hlmtune eval` parses a DPO run's dataset section with the DPO builder's options: its excluded
+    keys are refused there too (before any shard is read)."""
+    with pytest.raises(TypeError, match=r"ecg_beat_dpo_dataset\(\) got an unexpected keyword argument 'rr_target'"):
+        _evaluation_set(None, builder="ecg_beat_dpo_dataset", rr_target=True)
+
+
 def test_dpo_pairs_reject_the_confusion_that_matters(hlm):
     from hlmtune.data_builders import ecg_beat_dpo_dataset
 

@@ -240,6 +240,7 @@ def test_each_dataset_of_a_list_is_checked_under_its_own_key(monkeypatch, tmp_pa
     ("ecg_lora", "lora_finetune_distributed", "dataset.template_delta=True dataset.template_beats=0",
      "dataset: template_delta shows the beat minus"),
     ("ecg_dpo", "lora_dpo_distributed", "dataset.premature_synth=3", "dataset: premature_synth must be 0..1"),
+    ("ecg_lora", "lora_finetune_distributed", "dataset.normalized_rr=null", "(null: normalized_rr)"),
 ])
 def test_beat_option_values_are_checked_before_any_data_exists(monkeypatch, tmp_path, config, recipe, override, needle):
     """The beat builders' range checks run at validation (no shards, no manifest), naming the section."""

@@ -225,14 +225,17 @@ def _check_component(node: Mapping[str, Any], where: str, errors: List[str]) -> 
             errors.append(f"{where}.{k}: {comp} has no argument '{k}'{closest(k, named)}")
     # A builder may check its arguments' values without reading any file (``check_arguments``: the
     # beat builders' option ranges), so `hlmtune validate` refuses them before data exists.
+    # Unknown keys are named above (with the closest one), so only the builder's own keys go in.
     check = getattr(target, "check_arguments", None)
     if callable(check):
+        own = {k: node[k] for k in given if k in params}
         try:
-            check({k: node[k] for k in given})
+            check(own)
         except ValueError as e:
             errors.append(f"{where}: {e}")
-        except TypeError:  # an unknown key: named above, with the closest one
-            pass
+        except TypeError as e:  # a value of the wrong type (int(None), ...): name the keys set to null
+            nulls = [k for k, v in own.items() if v is None and params[k].default is not None]  # not null by default
+            errors.append(f"{where}: {e}" + (f" (null: {', '.join(nulls)})" if nulls else ""))
     # A top-level section, or an item of a list section (dataset[i] of a ConcatDataset), gets the
     # arguments the recipe passes; nested components do not.
     section = where.split("[")[0] if "." not in where else None
