@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="check a config against a recipe without training",
         description=(
             "Check a config: unknown keys and typos (naming the closest key), every _component_ "
-            "against its real signature, unset ${oc.env:...} variables, and the model built on the "
+            "against its real signature (and the ECG beat builders' option values, before any shard "
+            "exists), unset ${oc.env:...} variables, and the model built on the "
             "meta device (no memory, no weights; when a file its builder reads is missing, e.g. an ECG model's "
             "token manifest before `hlmtune tokenize`, a warning says so and the rest is still checked). "
             "Keys accepted but not honoured are printed as "
