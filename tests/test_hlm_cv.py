@@ -249,6 +249,12 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert sorted(r["record"] for r in manifest["records"]) == sorted(ds1["DS1"])
     doc = json.loads((out / "cv_metrics.json").read_text())
     assert doc["n_folds"] == 2 and [r["held_out"] for r in doc["folds"]] == folds  # each fold's row is kept
+    from hlmtune.hlm.report import cv_report_markdown
+
+    # the default grouping goes unsaid; another partition is named on the report's first line
+    assert doc["partition"] == 1 and "partition" not in (out / "report.md").read_text().splitlines()[0]
+    assert ", partition 2 of them into folds:" in cv_report_markdown({**doc, "partition": 2}, members=[],
+                                                                      baseline=[]).splitlines()[0]
     # the fine-tunes drew the override's 48 examples (it follows --finetune-examples on their command line)
     assert doc["finetune_examples"] == 48 and "48 fine-tuning examples per fold" in (out / "report.md").read_text()
     assert "on 48 training examples" in proc.stderr
@@ -398,6 +404,11 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert own.exists()  # the refused run took nothing away
+    proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv0"), "--partition", "0", "--source", "synthetic",
+                           "--folds", "2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "hlmtune cv: --partition 0: 1 (the default folds) or another partition's number >= 2"], proc.stderr
+    assert not (tmp_path / "cv0" / "data").exists()  # refused before the data stage
 
 
 def test_cv_folds_are_patient_wise_over_both_databases(mitdb_dir, tmp_path):
@@ -424,3 +435,36 @@ def test_cv_folds_are_patient_wise_over_both_databases(mitdb_dir, tmp_path):
                          progress=False)
     assert s.ok, s.format()
     assert sorted(r["record"] for r in s.manifest["records"]) == sorted(pool)
+
+
+def test_another_partition_groups_the_patients_anew_and_still_spreads_them():
+    """``--partition P`` (P >= 2): every record in one fold, the same for the same P, folds other
+    than partition 1's, and still spread in S (as partition 1's, within 1.5x of the mean)."""
+    rng = np.random.default_rng(1)
+    many = {f"r{i:02d}": _counts(s=int(rng.integers(0, 400)), v=int(rng.integers(0, 900)),
+                                 n=int(rng.integers(1000, 3000))) for i in range(40)}
+    first = make_folds(many, 4)
+    assert make_folds(many, 4, 1) == first  # partition 1 is the default folds
+    pairs = lambda folds: {(a, b) for f in folds for a in f for b in f if a < b}  # noqa: E731
+    for p in (2, 3):
+        folds = make_folds(many, 4, p)
+        assert make_folds(many, 4, p) == folds  # deterministic
+        assert sorted(r for f in folds for r in f) == sorted(many)
+        s = [sum(many[r]["S"] for r in f) for f in folds]
+        assert max(s) <= 1.5 * sum(s) / 4, s
+        assert len(pairs(folds) & pairs(first)) < 0.5 * len(pairs(first))  # patients grouped anew
+    assert make_folds(many, 4, 2) != make_folds(many, 4, 3)
+    with pytest.raises(ValueError, match="--partition must be 1"):
+        make_folds(many, 4, 0)
+
+
+def test_the_partition_reaches_the_folds_file(tmp_path):
+    """cv's first stage writes the partition's folds (and its number) to folds.json."""
+    from hlmtune.hlm.cv import cv_setup
+
+    setups = {p: cv_setup(tmp_path / f"p{p}", data=None, source="synthetic", svdb="none", folds=2, base=None,
+                          baseline=None, partition=p) for p in (1, 2)}
+    for p, setup in setups.items():
+        doc = json.loads((tmp_path / f"p{p}" / "folds.json").read_text())
+        assert doc["partition"] == p and doc["folds"] == make_folds(doc["counts"], 2, p) == setup.parts
+    assert setups[1].parts != setups[2].parts

@@ -390,6 +390,10 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     assert [(c.name, c.overrides) for c in gated.candidates] == [
         ("gated32", ("dataset.rr_reference=gated", "dataset.normalized_rr=32")),
         ("gated32_regular", ("dataset.rr_reference=gated_regular", "dataset.normalized_rr=32"))]
+    second = plans["hlm_gated_partition2"]  # docs/hlm.md: candidate 2 again, same rule, the patients grouped anew
+    assert (second.figure, second.min_gain, second.min_folds, second.env) == ("sv_f1", 0.015, 3, big.env)
+    assert second.cv == ("--folds", "4", "--seeds", "3", "--partition", "2")
+    assert [(c.name, c.overrides) for c in second.candidates] == [(gated.candidates[1].name, gated.candidates[1].overrides)]
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
     assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"

@@ -125,7 +125,7 @@ def per_database(truth: Sequence[int], pred: Sequence[int], records: Sequence[st
     return out
 
 
-def make_folds(counts: Dict[str, Dict[str, int]], k: int) -> List[List[str]]:
+def make_folds(counts: Dict[str, Dict[str, int]], k: int, partition: int = 1) -> List[List[str]]:
     """The records in ``k`` folds with S beats, V beats, all beats and records spread evenly.
 
     Each record is a vector of its shares of the DS1 totals (S, V, beats, 1 record); records go,
@@ -134,12 +134,20 @@ def make_folds(counts: Dict[str, Dict[str, int]], k: int) -> List[List[str]]:
     lower index). Deterministic; one record with most of a class's beats (209 holds 41% of DS1's
     S) necessarily makes its fold heavy in that class.
 
+    ``partition`` 1 is that order. Another partition of the same patients (``hlmtune cv
+    --partition P``, to ask whether a result holds when the patients are grouped otherwise) visits
+    the records in a random order drawn with seed P, with the same greedy step, so its folds are
+    still spread in S, V, beats and records, but group the patients anew (on the 61 training
+    patients, partition 2 keeps 105 of partition 1's 435 same-fold pairs together; chance: ~1 in 4).
+
     Raises:
-        ValueError: ``k < 2`` or more folds than records.
+        ValueError: ``k < 2``, more folds than records, or ``partition < 1``.
     """
     recs = sorted(counts)
     if k < 2 or k > len(recs):
         raise ValueError(f"--folds must be 2..{len(recs)} (the DS1 records), got {k}")
+    if int(partition) < 1:
+        raise ValueError(f"--partition must be 1 (the default folds) or another partition's number >= 2, got {partition}")
     dims = [*CLASSES_BALANCED, "beats", "records"]
 
     def amount(r: str, d: str) -> float:
@@ -147,7 +155,8 @@ def make_folds(counts: Dict[str, Dict[str, int]], k: int) -> List[List[str]]:
 
     total = {d: sum(amount(r, d) for r in recs) or 1.0 for d in dims}
     share = {r: [amount(r, d) / total[d] for d in dims] for r in recs}
-    order = sorted(recs, key=lambda r: (-max(share[r]), r))
+    order = (sorted(recs, key=lambda r: (-max(share[r]), r)) if int(partition) == 1
+             else [recs[i] for i in np.random.default_rng(int(partition)).permutation(len(recs))])
     folds: List[List[str]] = [[] for _ in range(k)]
     load = [[0.0] * len(dims) for _ in range(k)]
     for r in order:
@@ -448,7 +457,7 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
                     calibrate_classes: Optional[Sequence[str]], baseline: Optional[Path],
                     need_folds: Optional[int], figure: str = "macro_f1",
-                    check_pretraining: bool = False) -> Optional[Dict[str, Any]]:
+                    check_pretraining: bool = False, partition: int = 1) -> Optional[Dict[str, Any]]:
     """Refuse bad ``hlmtune cv`` input before anything is written; returns the baseline's document.
 
     Raises:
@@ -457,6 +466,8 @@ def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
     from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
 
     _check_overrides(finetune_overrides)
+    if int(partition) < 1:
+        raise ValueError(f"--partition {partition}: 1 (the default folds) or another partition's number >= 2")
     if calibrate_classes and not set(calibrate_classes) <= set(AAMI_CLASSES):
         raise ValueError(f"--calibrate-classes: AAMI classes are {' '.join(AAMI_CLASSES)}, got {' '.join(calibrate_classes)}")
     if need_folds is not None and baseline is None:
@@ -490,7 +501,7 @@ def run_cv(
     max_eval: Optional[int] = None, force: bool = False, finetune_overrides: Sequence[str] = (),
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
     pretrain_seed: int = 0, svdb: Optional[str] = "auto", need_folds: Optional[int] = None,
-    figure: str = "macro_f1", check_pretraining: bool = False,
+    figure: str = "macro_f1", check_pretraining: bool = False, partition: int = 1,
 ) -> Path:
     """Cross-validate the main job's model over the training patients; returns the report path.
 
@@ -526,6 +537,8 @@ def run_cv(
         check_pretraining (bool): with ``baseline``: only fold 1's stages up to its first
             pretrained model, compared with the baseline's (:func:`check_fold1_pretraining`);
             returns ``pretrain_check.json``'s path instead of a report.
+        partition (int): which grouping of the patients into folds (:func:`make_folds`): 1, the
+            default, or another (2, 3, ...) to ask whether a result holds on other folds.
     """
     from hlmtune.files import ensure_dir
     from hlmtune.hlm import calibrate
@@ -533,10 +546,11 @@ def run_cv(
 
     base = check_arguments(out=Path(out), folds=folds, finetune_overrides=finetune_overrides,
                            calibrate_classes=calibrate_classes, baseline=baseline, need_folds=need_folds,
-                           figure=figure, check_pretraining=check_pretraining)
+                           figure=figure, check_pretraining=check_pretraining, partition=partition)
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
-    setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline)
+    setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline,
+                     partition=partition)
     clear_summaries(out)  # the input is checked: from here the folds run
     job = dict(nproc=nproc, pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval, force=force,
@@ -551,7 +565,8 @@ def run_cv(
                              finetune_overrides=finetune_overrides)
     summary = {
         # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
-        "n_folds": folds, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
+        "n_folds": folds, "partition": partition, "seeds": seeds, "pretrainings": pretrainings,
+        "pretrain_seed": pretrain_seed,
         "finetune_examples": examples_trained(finetune_examples, finetune_overrides), "model": model,
         "finetune_overrides": list(finetune_overrides),
         "calibrate_classes": list(calibrate_classes) if calibrate_classes else list(res.classes),
@@ -718,7 +733,7 @@ class CVSetup:
 
 
 def cv_setup(out: Path, *, data: Optional[str], source: str, svdb: Optional[str], folds: int,
-             base: Optional[Dict[str, Any]], baseline: Optional[Path]) -> CVSetup:
+             base: Optional[Dict[str, Any]], baseline: Optional[Path], partition: int = 1) -> CVSetup:
     """Stage 1: the training patients (DS1, and svdb's when present), their folds (``folds.json``).
 
     A baseline of other folds is refused here, before any fold trains.
@@ -734,13 +749,16 @@ def cv_setup(out: Path, *, data: Optional[str], source: str, svdb: Optional[str]
     extra_db = find_svdb(svdb, mitdb=split_file is None)  # its patients fold beside DS1's
     pool = training_pool(db, ds1, extra_db)
     counts = record_class_counts(pool, list(pool))
-    parts = make_folds(counts, folds)
+    parts = make_folds(counts, folds, partition)
     if base is not None:
         check_same_folds(parts, base, str(baseline))
     if extra_db is not None:
         described += f" + MIT-BIH Supraventricular ({extra_db}, {len(pool) - len(ds1)} records)"
-    _say(f"data: {described}; {len(pool)} training records in {folds} folds, S beats spread evenly (DS2 is not read)")
-    atomic_write_text(out / "folds.json", json.dumps({"folds": parts, "counts": counts}, indent=1) + "\n")
+    grouping = "" if partition == 1 else f" (partition {partition})"
+    _say(f"data: {described}; {len(pool)} training records in {folds} folds{grouping}, S beats spread evenly "
+         "(DS2 is not read)")
+    atomic_write_text(out / "folds.json", json.dumps({"folds": parts, "counts": counts, "partition": partition},
+                                                     indent=1) + "\n")
     # one tokenization of the training records serves every fold
     return CVSetup(db, described, pool, parts, (db / SYNTHETIC_MARK).exists(), out / "tokens")
 
@@ -859,6 +877,7 @@ def register(subparsers: Any) -> None:
             "  hlmtune cv --out outputs/cv_p1 --pretrain-seed 1            # the same folds, another set of "
             "pretrained models\n"
             "                                                               # (a setting's gain replicated there?)\n"
+            "  hlmtune cv --out outputs/cv_part2 --partition 2             # the patients grouped into other folds\n"
             "  hlmtune cv --out /tmp/check --baseline outputs/cv --check-pretraining   # does this host compute as\n"
             "                                                               # the one that made outputs/cv? (one\n"
             "                                                               # pretraining, its checkpoint digest)\n"
@@ -872,6 +891,11 @@ def register(subparsers: Any) -> None:
 
     p.add_argument("overrides", nargs="*", help="key=value overrides of every fold's LoRA fine-tune (ecg_lora)")
     p.add_argument("--folds", type=int, default=4, help="K: folds of the training patients (DS1, + svdb when present)")
+    p.add_argument("--partition", type=int, default=1, metavar="P",
+                   help="which grouping of the patients into the K folds: 1, S-rich patients spread largest first; "
+                        "P >= 2 visits them in a random order drawn with seed P (still spread in S, V and beats): "
+                        "the same comparison on other folds, to see whether a result holds when the patients are "
+                        "grouped otherwise (a baseline must be of the same partition)")
     p.add_argument("--calibrate-classes", nargs="+", default=None, metavar="CLASS",
                    help="classes whose F1 the class bias maximises and whose bias moves (default: all), e.g. "
                         "N S V to leave a class seen in one or two patients at 0")
@@ -910,7 +934,7 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
                         max_eval=args.max_eval, force=args.force,
                         finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
                         baseline=args.baseline, svdb=args.svdb, need_folds=args.need_folds, figure=args.figure,
-                        check_pretraining=args.check_pretraining)
+                        check_pretraining=args.check_pretraining, partition=args.partition)
         from hlmtune.hlm.evaluate import class_table
 
         if report.name == "pretrain_check.json":

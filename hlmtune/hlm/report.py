@@ -312,7 +312,9 @@ def cv_report_markdown(doc: Dict[str, Any], *, members: Sequence[Dict[str, Any]]
     f1_cells = lambda r: " | ".join(fmt(r["per_class"][c]["f1"]) for c in classes) + f" | {fmt(r['macro_f1'])} |"  # noqa: E731
     per_db = pooled.get("per_database", {})
     lines = [
-        f"**Patient-wise {folds}-fold cross-validation over the training patients ({doc['data']}): every beat below "
+        f"**Patient-wise {folds}-fold cross-validation over the training patients ({doc['data']})"
+        + (f", partition {doc['partition']} of them into folds" if doc.get("partition", 1) != 1 else "")
+        + ": every beat below "
         "is predicted by a model that never saw its patient. DS2 was not read. Not comparable to DS1 -> DS2 figures "
         "or the published DS2 baselines.**",
         "",
