@@ -454,7 +454,7 @@ def test_another_partition_groups_the_patients_anew_and_still_spreads_them():
         assert max(s) <= 1.5 * sum(s) / 4, s
         assert len(pairs(folds) & pairs(first)) < 0.5 * len(pairs(first))  # patients grouped anew
     assert make_folds(many, 4, 2) != make_folds(many, 4, 3)
-    with pytest.raises(ValueError, match="--partition must be 1"):
+    with pytest.raises(ValueError, match=r"^--partition 0: 1 \(the default folds\) or another partition's number >= 2$"):
         make_folds(many, 4, 0)
 
 

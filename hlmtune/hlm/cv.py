@@ -125,6 +125,17 @@ def per_database(truth: Sequence[int], pred: Sequence[int], records: Sequence[st
     return out
 
 
+def check_partition(partition: int) -> int:
+    """``partition`` as an int, refused below 1 (``make_folds``; ``hlmtune cv`` asks before any data stage).
+
+    Raises:
+        ValueError: naming ``--partition``.
+    """
+    if int(partition) < 1:
+        raise ValueError(f"--partition {partition}: 1 (the default folds) or another partition's number >= 2")
+    return int(partition)
+
+
 def make_folds(counts: Dict[str, Dict[str, int]], k: int, partition: int = 1) -> List[List[str]]:
     """The records in ``k`` folds with S beats, V beats, all beats and records spread evenly.
 
@@ -146,8 +157,7 @@ def make_folds(counts: Dict[str, Dict[str, int]], k: int, partition: int = 1) ->
     recs = sorted(counts)
     if k < 2 or k > len(recs):
         raise ValueError(f"--folds must be 2..{len(recs)} (the DS1 records), got {k}")
-    if int(partition) < 1:
-        raise ValueError(f"--partition must be 1 (the default folds) or another partition's number >= 2, got {partition}")
+    partition = check_partition(partition)
     dims = [*CLASSES_BALANCED, "beats", "records"]
 
     def amount(r: str, d: str) -> float:
@@ -155,8 +165,8 @@ def make_folds(counts: Dict[str, Dict[str, int]], k: int, partition: int = 1) ->
 
     total = {d: sum(amount(r, d) for r in recs) or 1.0 for d in dims}
     share = {r: [amount(r, d) / total[d] for d in dims] for r in recs}
-    order = (sorted(recs, key=lambda r: (-max(share[r]), r)) if int(partition) == 1
-             else [recs[i] for i in np.random.default_rng(int(partition)).permutation(len(recs))])
+    order = (sorted(recs, key=lambda r: (-max(share[r]), r)) if partition == 1
+             else [recs[i] for i in np.random.default_rng(partition).permutation(len(recs))])
     folds: List[List[str]] = [[] for _ in range(k)]
     load = [[0.0] * len(dims) for _ in range(k)]
     for r in order:
@@ -466,8 +476,7 @@ def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
     from hlmtune.ecg_tokenizer.labels import AAMI_CLASSES
 
     _check_overrides(finetune_overrides)
-    if int(partition) < 1:
-        raise ValueError(f"--partition {partition}: 1 (the default folds) or another partition's number >= 2")
+    check_partition(partition)
     if calibrate_classes and not set(calibrate_classes) <= set(AAMI_CLASSES):
         raise ValueError(f"--calibrate-classes: AAMI classes are {' '.join(AAMI_CLASSES)}, got {' '.join(calibrate_classes)}")
     if need_folds is not None and baseline is None:
