@@ -546,20 +546,17 @@ def run_cv(
         check_pretraining (bool): with ``baseline``: only fold 1's stages up to its first
             pretrained model, compared with the baseline's (:func:`check_fold1_pretraining`);
             returns ``pretrain_check.json``'s path instead of a report.
-        partition (int): which grouping of the patients into folds (:func:`make_folds`): 1, the
-            default, or another (2, 3, ...) to ask whether a result holds on other folds.
+        partition (int): the grouping of the patients into folds (:func:`make_folds`; 1: the default).
     """
     from hlmtune.files import ensure_dir
     from hlmtune.hlm import calibrate
     from hlmtune.hlm.pipeline import examples_trained
 
-    base = check_arguments(out=Path(out), folds=folds, finetune_overrides=finetune_overrides,
-                           calibrate_classes=calibrate_classes, baseline=baseline, need_folds=need_folds,
-                           figure=figure, check_pretraining=check_pretraining, partition=partition)
+    base = check_arguments(out=Path(out), folds=folds, finetune_overrides=finetune_overrides, calibrate_classes=calibrate_classes,
+                           baseline=baseline, need_folds=need_folds, figure=figure, check_pretraining=check_pretraining, partition=partition)
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
-    setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline,
-                     partition=partition)
+    setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline, partition=partition)
     clear_summaries(out)  # the input is checked: from here the folds run
     job = dict(nproc=nproc, pretrain_steps=pretrain_steps, finetune_examples=finetune_examples, model=model,
                seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed, max_eval=max_eval, force=force,
@@ -574,8 +571,7 @@ def run_cv(
                              finetune_overrides=finetune_overrides)
     summary = {
         # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
-        "n_folds": folds, "partition": partition, "seeds": seeds, "pretrainings": pretrainings,
-        "pretrain_seed": pretrain_seed,
+        "n_folds": folds, "partition": partition, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
         "finetune_examples": examples_trained(finetune_examples, finetune_overrides), "model": model,
         "finetune_overrides": list(finetune_overrides),
         "calibrate_classes": list(calibrate_classes) if calibrate_classes else list(res.classes),
