@@ -41,11 +41,12 @@ class FakeCv:
     ``--need-folds`` stops after fold 2. With ``--figure`` the deltas are that figure's, written as cv
     writes them, and macro-F1 moves the other way (so a verdict read off macro-F1 would differ).
     ``host``: the digest fold 1 pretrains to under ``--check-pretraining`` (written as cv writes
-    ``pretrain_check.json``).
+    ``pretrain_check.json``); with ``names_models`` a baseline's result names it as fold 1's model.
     """
 
-    def __init__(self, deltas: Dict[str, List[float]], stop=(), fail=(), host="another host's"):
+    def __init__(self, deltas: Dict[str, List[float]], stop=(), fail=(), host="another host's", names_models=False):
         self.deltas, self.stop, self.fail, self.calls, self.host = deltas, set(stop), set(fail), [], host
+        self.names_models = names_models
 
     def __call__(self, cmd: List[str], env: Dict[str, str], log: Path) -> int:
         self.calls.append((cmd, env.get("HLM_TEST_ENV"), log))
@@ -65,8 +66,10 @@ class FakeCv:
         if "--baseline" not in cmd:
             out.mkdir(parents=True, exist_ok=True)
             (out / "marker").write_text("baseline")
-            (out / "cv_metrics.json").write_text(json.dumps(  # per class as cv writes it: S/V F1 0.5 too
-                {"pooled": {"macro_f1": 0.5, "per_class": {"S": {"f1": 0.5}, "V": {"f1": 0.5}}}}))
+            doc = {"pooled": {"macro_f1": 0.5, "per_class": {"S": {"f1": 0.5}, "V": {"f1": 0.5}}}}  # S/V F1 0.5 too
+            if self.names_models:
+                doc.update(pretrainings=1, folds=[{"fold": 1, "pretrain_sha256": [self.host]}])
+            (out / "cv_metrics.json").write_text(json.dumps(doc))
             return 0
         base = cmd[cmd.index("--baseline") + 1]
         (out / "cv_metrics.json").unlink(missing_ok=True)  # as cv's clear_summaries
@@ -327,6 +330,54 @@ def test_a_recorded_baseline_stands_where_this_host_pretrains_to_its_bytes(tmp_p
     sel.run_plan(sel.load_plan(path), out, runner=fake, dry_run=True)
     printed = capsys.readouterr().out.split()
     assert "--check-pretraining" not in printed and printed[printed.index("--out") + 1] == str(out / "baseline")
+
+
+def test_a_record_keeps_each_hosts_baseline_and_a_host_like_one_of_them_makes_none(tmp_path, capsys):
+    rec, path = tmp_path / "rec", _plan(tmp_path)
+    (rec / "baseline").mkdir(parents=True)
+    made_on_a = {"pooled": {"macro_f1": 0.5}, "pretrainings": 1, "folds": [{"fold": 1, "pretrain_sha256": ["ab12"]}]}
+    (rec / "baseline" / "cv_metrics.json").write_text(json.dumps(made_on_a))
+    (rec / "baseline" / "report.md").write_text("host A's report")
+    # host B computes otherwise: the baseline is re-made there, host A's is kept in the record
+    on_b = FakeCv({"b=1": [0.03] * 4}, host="ef56", names_models=True)
+    sel.run_plan(sel.load_plan(path), tmp_path / "job_b", runner=on_b, max_candidates=1, record=rec)
+    assert [c[c.index("--out") + 1] for c, _, _ in on_b.calls] == [
+        str(tmp_path / "job_b" / n) for n in ("baseline.pretrain_check", "baseline", "good")]
+    assert json.loads((rec / "hosts" / "ab12" / "baseline" / "cv_metrics.json").read_text()) == made_on_a
+    assert (rec / "hosts" / "ab12" / "baseline" / "report.md").read_text() == "host A's report"
+    made_on_b = (rec / "baseline" / "cv_metrics.json").read_text()
+    assert sel._recorded_fold1(rec / "baseline") == "ef56"
+    (rec / "verdicts.jsonl").unlink()  # "good" to be judged again, on host A
+
+    # host A: its own baseline comes back from hosts/, nothing re-made; host B's is kept in its place
+    on_a, job_a = FakeCv({"b=1": [0.03] * 4}, host="ab12", names_models=True), tmp_path / "job_a"
+    (job_a / "baseline.pretrain_check").mkdir(parents=True)  # an answer left by an earlier check: a dry run reads it
+    (job_a / "baseline.pretrain_check" / "pretrain_check.json").write_text(json.dumps(
+        {"pretrain_sha256": "ab12", "baseline_pretrain_sha256": "ef56", "same": False, "cpu": "fake"}))
+    sel.run_plan(sel.load_plan(path), job_a, runner=on_a, dry_run=True, record=rec)
+    printed = capsys.readouterr().out.split()
+    assert printed[printed.index("--out") + 1] == str(job_a / "good") and on_a.calls == []
+    assert (rec / "baseline" / "cv_metrics.json").read_text() == made_on_b  # a dry run changes nothing
+    rows = sel.run_plan(sel.load_plan(path), job_a, runner=on_a, max_candidates=1, record=rec)
+    assert [c[c.index("--out") + 1] for c, _, _ in on_a.calls] == [str(job_a / "good")] and rows[0]["adopted"]
+    assert "whose fold 1 pretrains to ab12, as this one does" in capsys.readouterr().err
+    for folder in (rec / "baseline", job_a / "baseline"):
+        assert json.loads((folder / "cv_metrics.json").read_text()) == made_on_a
+        assert (folder / "report.md").read_text() == "host A's report"
+    assert (rec / "hosts" / "ef56" / "baseline" / "cv_metrics.json").read_text() == made_on_b
+    assert not (rec / "hosts" / "ab12").exists()  # one copy of each host's run
+
+    # a third kind of host finds neither (a folder under its digest naming other models does not
+    # count): re-made (check, baseline, candidate), both others kept
+    (rec / "verdicts.jsonl").unlink()
+    (rec / "hosts" / "9f9f" / "baseline").mkdir(parents=True)
+    (rec / "hosts" / "9f9f" / "baseline" / "cv_metrics.json").write_text(json.dumps(
+        {**made_on_a, "folds": [{"fold": 1, "pretrain_sha256": ["0000"]}]}))
+    on_c = FakeCv({"b=1": [0.03] * 4}, host="9f9f", names_models=True)
+    sel.run_plan(sel.load_plan(path), tmp_path / "job_c", runner=on_c, max_candidates=1, record=rec)
+    assert len(on_c.calls) == 3 and sel._recorded_fold1(rec / "baseline") == "9f9f"
+    assert sorted(p.name for p in (rec / "hosts").iterdir()) == ["9f9f", "ab12", "ef56"]
+    assert sel._recorded_fold1(rec / "hosts" / "ab12" / "baseline") == "ab12"
 
 
 def test_a_lost_adopted_folder_is_remade_with_its_own_settings(tmp_path, capsys):

@@ -33,7 +33,9 @@ machine's record, stages lost) is checked first: ``hlmtune cv --check-pretrainin
 fold 1 in ``<baseline>.pretrain_check`` and compares the checkpoint's digest with the recorded
 one. The same bytes: the recorded figures stand. Other bytes, no digest, or no result: the
 baseline is re-made on this machine with its own settings (an adopted candidate without
-``--baseline``: its verdict stands) before the next candidate runs against it. Each verdict row
+``--baseline``: its verdict stands) before the next candidate runs against it, and the record
+keeps the result it replaced in ``REC/hosts/<digest>/<run>/``: a later host whose fold 1 pretrains
+to that digest takes it back instead of re-making it. Each verdict row
 counts the folds whose pretrained models have the baseline's bytes (``same_pretraining``).
 """
 
@@ -69,6 +71,10 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what ``--record`` keeps of each run: the figures and the report, none of the stages
 RECORD_FILES = ("cv_metrics.json", "cv_stopped.json", "report.md")
 RESULTS = ("cv_metrics.json", "cv_stopped.json")
+# ``REC/hosts/<digest>/<run>/``: a run's small files as another host made them (one whose fold 1
+# pretrains to ``<digest>``), kept when a run is re-made on a host that computes otherwise, so a
+# plan can go on on either kind of host without re-making its baseline there again
+HOSTS = "hosts"
 Runner = Callable[[List[str], Dict[str, str], Path], int]
 
 
@@ -130,9 +136,10 @@ def _words(where: str, value: Any) -> Tuple[str, ...]:
 def _setting(where: str, raw: Any, *, name: Optional[str] = None) -> Setting:
     raw = _check_keys(where, raw, RUN_KEYS)
     name = name or raw.get("name")
-    if not isinstance(name, str) or not NAME.match(name) or name == "baseline" or name.endswith(CHECK_SUFFIX):
-        raise ValueError(f"{where}.name: a folder name (letters, digits, _ . -; not 'baseline', not ending in "
-                         f"{CHECK_SUFFIX!r}), got {name!r}")
+    if (not isinstance(name, str) or not NAME.match(name) or name in ("baseline", HOSTS)
+            or name.endswith(CHECK_SUFFIX)):
+        raise ValueError(f"{where}.name: a folder name (letters, digits, _ . -; not 'baseline' or {HOSTS!r}, not "
+                         f"ending in {CHECK_SUFFIX!r}), got {name!r}")
     overrides = _words(f"{where}.overrides", raw.get("overrides"))
     flags = _words(f"{where}.flags", raw.get("flags"))
     for o in overrides:
@@ -405,13 +412,31 @@ def _bytes(path: Path) -> Optional[bytes]:
     return path.read_bytes() if path.exists() else None
 
 
+def _copy_files(src: Path, dest: Path) -> None:
+    """Make ``dest``'s :data:`RECORD_FILES` those of ``src`` (each atomically; one ``src`` lacks is removed)."""
+    from hlmtune.files import atomic_write_bytes
+
+    for name in RECORD_FILES:
+        if (src / name).exists():
+            atomic_write_bytes(dest / name, (src / name).read_bytes())
+        else:
+            (dest / name).unlink(missing_ok=True)
+
+
 def export_record(record: Path, out: Path, runs: Sequence[str]) -> None:
-    """Write ``verdicts.jsonl``, ``plan.md`` and each finished run's small files into ``record``."""
+    """Write ``verdicts.jsonl``, ``plan.md`` and each finished run's small files into ``record``.
+
+    A recorded run whose fold 1 pretrained to other bytes than the result replacing it (made on a
+    host that computes otherwise) is first kept in ``record/hosts/<its digest>/<run>``.
+    """
     from hlmtune.files import atomic_write_bytes
 
     for run in runs:
         if not _has_result(out / run):
             continue
+        theirs = _recorded_fold1(record / run)
+        if theirs is not None and theirs != _recorded_fold1(out / run):
+            _copy_files(record / run, record / HOSTS / theirs / run)
         for name in RECORD_FILES:
             src, dest = out / run / name, record / run / name
             if src.exists():
@@ -444,11 +469,13 @@ class _Baseline:
 
 
 def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runner: Runner,
-                     dry_run: bool) -> bool:
+                     dry_run: bool, record: Optional[Path] = None) -> bool:
     """Run the baseline unless its result stands here; False on a dry run.
 
     A result stands when its pretrained models are in its folder, or when this host pretrains
-    fold 1 to the bytes the result names (:func:`_same_host`: minutes). Otherwise (no result,
+    fold 1 to the bytes the result names (:func:`_same_host`: minutes), or when the record keeps
+    the run as made on a host that pretrains fold 1 to this host's bytes (:func:`_host_variant`:
+    that result then replaces the other host's, here and in the record). Otherwise (no result,
     or a record from a host that computes otherwise) the baseline is re-made here with its own
     settings, so the next candidate is not judged against another machine's arithmetic (the same
     settings on another host moved a fold by 0.049: docs/hlm-experiments.md). An adopted
@@ -460,7 +487,7 @@ def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path
         same = _same_host(plan, base, env, out, runner, dry_run)
         if same is None:  # a dry run: the check's command is the next one
             return False
-        if same:
+        if same or _host_variant(record, out, base, apply=not dry_run):
             return True
     if dry_run:
         print(" ".join(base.command(plan)))
@@ -470,6 +497,31 @@ def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path
          "record, or stages lost): re-making it here with its own settings"
          + ("" if name == "baseline" else "; its verdict stands, the re-made figures are the next baseline"))
     _run(name, base.command(plan), env, out / f"{name}.log", runner)
+    return True
+
+
+def _host_variant(record: Optional[Path], out: Path, base: _Baseline, *, apply: bool = True) -> bool:
+    """Whether ``record/hosts/<digest>/<run>`` holds the baseline as made on a host like this one.
+
+    ``<digest>`` is what fold 1 pretrained to here (the answer :func:`_same_host` left). When that
+    result is there and names the digest, it becomes (with ``apply``; a dry run changes nothing)
+    the baseline's result in ``out`` and the record's (the other host's result moves to
+    ``hosts/``, as :func:`export_record` keeps it).
+    """
+    answer = base.check_dir() / "pretrain_check.json"
+    mine = json.loads(answer.read_text()).get("pretrain_sha256") if record is not None and answer.exists() else None
+    kept = record / HOSTS / str(mine) / base.dir.name if mine else None
+    if kept is None or not _has_result(kept) or _recorded_fold1(kept) != mine:
+        return False
+    if not apply:
+        return True
+    _copy_files(kept, base.dir)
+    export_record(record, out, [base.dir.name])
+    shutil.rmtree(kept)  # one copy: it is the record's run now
+    if not any(kept.parent.iterdir()):
+        kept.parent.rmdir()
+    _say(f"{base.dir.name}: the record keeps this run as made on a host whose fold 1 pretrains to {mine}, as this "
+         f"one does ({kept}): its figures stand as the baseline here")
     return True
 
 
@@ -574,7 +626,7 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
         else:
             if max_candidates is not None and started >= max_candidates:
                 break
-            ready = _ensure_baseline(plan, base, env, out, runner, dry_run)  # on a dry run: printed if not
+            ready = _ensure_baseline(plan, base, env, out, runner, dry_run, record)  # on a dry run: printed if not
             if not ready or dry_run:
                 if ready:
                     print(" ".join(cv_command(plan, out / cand.name, cand, carried, base.dir)))
@@ -722,7 +774,8 @@ def register(subparsers: Any) -> None:
                    help="a folder of the plan's small files (verdicts, plan.md, each run's figures and report; "
                         "no model), read first to seed --out and written after every run: commit it to carry "
                         "a plan across machines (there, the current baseline's fold 1 is pretrained once: its "
-                        "recorded figures stand when the checkpoint has the recorded bytes, else it is re-made)")
+                        "recorded figures stand when the checkpoint has the recorded bytes, or those of a run kept "
+                        "in REC/hosts/<digest>/ from a host like this one, else it is re-made)")
     p.set_defaults(func=_main)
 
 
