@@ -44,16 +44,17 @@ TABLE_DTYPE = np.dtype([("sample", np.int64), ("rr", np.int64)])  # the fields t
 
 def _tables(folders: Sequence[Tuple[Path, Sequence[str]]]) -> List[Tuple[np.ndarray, float]]:
     """(beat table, fs) of each record: ``rr`` = samples since the previous beat, -1 for the first."""
+    from hlmtune.ecg_tokenizer.core import rr_info
     from hlmtune.ecg_tokenizer.records import load_record
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
 
-    out = []
+    params, out = TokenizerParams(), []
     for folder, names in folders:
         for name in names:
             rec = load_record(folder, name, hash_inputs=False)
             table = np.zeros(rec.beat_samples.size, TABLE_DTYPE)
             table["sample"] = rec.beat_samples
-            table["rr"][1:] = np.diff(rec.beat_samples)
-            table["rr"][:1] = -1
+            table["rr"] = rr_info(rec, params)[0]  # the tokenizer's intervals (its beat table's ``rr``)
             out.append((table, float(rec.fs)))
     return out
 

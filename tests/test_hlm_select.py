@@ -265,6 +265,18 @@ def test_a_record_carries_the_plan_to_a_machine_without_its_folders(tmp_path):
         sel.run_plan(sel.load_plan(path), out, runner=fresh, record=rec)
 
 
+def test_the_record_keeps_a_runs_latest_result_only(tmp_path):
+    out, rec = tmp_path / "job", tmp_path / "rec"
+    (out / "a").mkdir(parents=True)
+    (out / "a" / "cv_stopped.json").write_text("{}")
+    sel.export_record(rec, out, ["a"])
+    assert _files(rec) == ["a/cv_stopped.json"]
+    (out / "a" / "cv_stopped.json").unlink()  # the stopped run resumed and finished
+    (out / "a" / "cv_metrics.json").write_text("{}")
+    sel.export_record(rec, out, ["a"])
+    assert _files(rec) == ["a/cv_metrics.json"]
+
+
 def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_machine(tmp_path, capsys):
     rec, out = tmp_path / "rec", tmp_path / "job"
     (rec / "baseline").mkdir(parents=True)

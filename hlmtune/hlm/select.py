@@ -437,12 +437,7 @@ def export_record(record: Path, out: Path, runs: Sequence[str]) -> None:
         theirs = _recorded_fold1(record / run)
         if theirs is not None and theirs != _recorded_fold1(out / run):
             _copy_files(record / run, record / HOSTS / theirs / run)
-        for name in RECORD_FILES:
-            src, dest = out / run / name, record / run / name
-            if src.exists():
-                atomic_write_bytes(dest, src.read_bytes())
-            else:
-                dest.unlink(missing_ok=True)  # a stopped run replaced by a finished one, or the reverse
+        _copy_files(out / run, record / run)  # a file the run lacks goes: a stopped run replaced by a finished one
     for name in ("verdicts.jsonl", "plan.md"):
         if (out / name).exists():
             atomic_write_bytes(record / name, (out / name).read_bytes())
