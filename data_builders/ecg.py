@@ -684,7 +684,8 @@ class ECGBeatClassificationDataset(Dataset):
     def _timing(self, k: int, shard_rr: int) -> Tuple[List[int], int, int]:
         """Example ``k``'s RR tokens as shown: (context, the beat's own, the following).
 
-        Relative to the running median with ``normalized_rr`` (the shard holds the absolute RR);
+        Relative to the running reference (``rr_reference`` over ``normalized_rr`` intervals) with
+        ``normalized_rr`` (the shard holds the absolute RR);
         redrawn for a synthetic premature beat (:meth:`_premature`) or fibrillating rhythm
         (:meth:`_irregular`).
         """
@@ -701,7 +702,7 @@ class ECGBeatClassificationDataset(Dataset):
         return ctx, own, after
 
     def rr_ratio(self, rr_token: int) -> float:
-        """A normalized RR token as a ratio to the running median (NaN: unknown interval).
+        """A normalized RR token as a ratio to the running reference RR (NaN: unknown interval).
 
         The token is the interval at a standard 0.8 s cycle (:func:`normalized_rr_tokens`): its
         bin's midpoint over ``NORMAL_RR_S`` gives the ratio back, to the bin's width.

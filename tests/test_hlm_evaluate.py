@@ -299,7 +299,7 @@ def test_by_timing_splits_beats_at_the_premature_ratio():
     assert on["n"] == 3 and on["confusion"] == [[2, 0, 0], [1, 0, 0], [0, 0, 0]]
     assert unk["n"] == 1 and unk["per_class"]["S"]["tp"] == 1
     table = ev.timing_table({"by_timing": got}, classes)
-    assert "| premature (RR < 0.8 x running median) | 4 | 0 / 1 (+1) | 1 / 2 (+1) | 1 / 1 |" in table
+    assert "| premature (RR < 0.8 x running reference) | 4 | 0 / 1 (+1) | 1 / 2 (+1) | 1 / 1 |" in table
     assert "| on time (>= 0.8) | 3 | 2 / 2 (+1) | 0 / 1 | 0 / 0 |" in table
     assert list(ev.by_timing([0], [0], [1.0], classes)) == ["on_time"]  # empty buckets are left out
     with pytest.raises(ValueError, match="2 ratios"):

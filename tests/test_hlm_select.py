@@ -127,6 +127,25 @@ def test_the_rule_carries_an_adopted_setting_into_every_later_candidate(tmp_path
     assert "the plan is done" in summary and "The current baseline: `good/` (pooled macro-F1 0.517)." in summary
 
 
+def test_fixed_overrides_come_first_in_every_run_unless_the_run_sets_that_key(tmp_path):
+    """A plan written while the configs shipped ``a=0, z=5`` replays so after they change: the
+    baseline reads them, a candidate that sets ``a`` reads its own value only, and an adopted
+    candidate's value wins over the fixed one in every later run."""
+    out = tmp_path / "job"
+    fake = FakeCv({"a=1": [0.03, 0.03, 0.01, 0.0], "c=1": [0.02, 0.01, 0.01, 0.0]})
+    plan = sel.load_plan(_plan(tmp_path, fixed=["a=0", "z=5"], baseline={"overrides": []},
+                               candidates=[{"name": "a1", "overrides": ["a=1"]}, {"name": "c1", "overrides": ["c=1"]}]))
+    assert plan.fixed == ("a=0", "z=5")
+    rows = sel.run_plan(plan, out, runner=fake)
+    assert [r["adopted"] for r in rows] == [True, False]
+    (base_cmd, _, _), (a1, _, _), (c1, _, _) = fake.calls
+    assert base_cmd[-2:] == ["a=0", "z=5"]
+    assert a1[-2:] == ["z=5", "a=1"] and "a=0" not in a1
+    assert c1[-3:] == ["z=5", "a=1", "c=1"] and "a=0" not in c1
+    assert rows[1]["carried"] == ["a=1"]  # the verdict rows name the plan's own settings, as before
+    assert "every run also `a=0 z=5`, the configs as the plan was written" in (out / "plan.md").read_text()
+
+
 def test_the_rule_is_at_least_min_gain_and_at_least_min_folds(tmp_path):
     plan = sel.load_plan(_plan(tmp_path))
     fake = FakeCv({"b=1": [0.015, 0.015, 0.015, -0.001], "c=1": [0.1, 0.1, -0.1, -0.05]})
@@ -429,6 +448,8 @@ def test_a_lost_adopted_folder_is_remade_with_its_own_settings(tmp_path, capsys)
     ({"cv": ["--folds", "4", "--check-pretraining"]}, r"cv: --check-pretraining is set by hlmtune select itself"),
     ({"candidates": [{"name": "a", "flags": ["9"]}]}, r"flags: starts with '9', not a --flag"),
     ({"env": ["X"]}, r"env: expected NAME: value strings"),
+    ({"fixed": ["--folds"]}, r"fixed: '--folds' is not key=value"),
+    ({"fixd": ["a=1"]}, r"unknown key 'fixd' \(did you mean 'fixed'\?\)"),
 ])
 def test_bad_plans_name_the_file_and_the_key(tmp_path, changes, message):
     path = _plan(tmp_path, **changes)
@@ -457,6 +478,16 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     assert (second.figure, second.min_gain, second.min_folds, second.env) == ("sv_f1", 0.015, 3, big.env)
     assert second.cv == ("--folds", "4", "--seeds", "3", "--partition", "2")
     assert [(c.name, c.overrides) for c in second.candidates] == [(gated.candidates[1].name, gated.candidates[1].overrides)]
+    # the RR plans ran while the configs shipped the 256-beat running median; they ship the gated
+    # reference since partition 2 adopted it, so each plan fixes the reference it ran with
+    median = ("dataset.rr_reference=median", "dataset.normalized_rr=256")
+    for p in (usual, gated, second):
+        assert p.fixed == median and p.baseline.overrides == ()
+        base = sel.cv_command(p, Path("b"), p.baseline, sel.Setting("carried"), None)
+        assert base[-2:] == list(median)
+    cand = sel.cv_command(second, Path("c"), second.candidates[0], sel.Setting("carried"), Path("b"))
+    assert cand[-2:] == list(second.candidates[0].overrides) and "dataset.rr_reference=median" not in cand
+    assert big.fixed[0] == "dataset.num_examples=24000"  # its baseline ran with 24,000 examples
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
     assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"

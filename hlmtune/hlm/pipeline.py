@@ -58,7 +58,7 @@ FINETUNE_EXAMPLES = 36000
 # Version of what the evaluation stage writes, kept in its stage stamp: an evaluation stamped
 # with an older version (or none) is redone on rerun, the trained models kept. 2: predictions.npz
 # names each test beat's record (the per-record tables of the report and of `hlmtune cv`); 3: and
-# each beat's RR relative to the patient's running median (the timing tables).
+# each beat's RR relative to the patient's running reference (the timing tables).
 EVAL_FORMAT = 3
 
 

@@ -9,6 +9,7 @@ above the baseline's; the figure is macro-F1 unless ``rule.figure`` names anothe
     cv: [--folds, "4", --seeds, "3"]           # flags of every `hlmtune cv` run of the plan
     env: {HLM_ONEDNN_LINEAR: "0"}              # environment of every run
     rule: {min_gain: 0.015, min_folds: 3}       # figure: macro_f1 (default) or sv_f1
+    fixed: [dataset.normalized_rr=256]          # overrides every run reads first (optional)
     baseline: {overrides: []}
     candidates:
       - {name: examples36k, overrides: [dataset.num_examples=36000], why: "..."}
@@ -20,9 +21,13 @@ per candidate, ``verdicts.jsonl`` (one row per judged candidate, appended as eac
 copy of the current baseline's folder (the same folds and, unless it changes the pretraining, the
 same pretrained models) with ``--baseline`` and ``--need-folds min_folds``, so a candidate that
 cannot meet the fold count stops early. An adopted candidate's folder becomes the baseline, and
-its overrides and flags join every later candidate's command. A rerun resumes: judged candidates
-are read back from ``verdicts.jsonl`` (and checked against the plan: a plan changed after a
-verdict is refused), a cut ``hlmtune cv`` keeps its finished stages. DS2 is never read.
+its overrides and flags join every later candidate's command. ``fixed`` overrides come first in
+every run's command (a key a run sets itself is left out of them): the settings the configs
+shipped when the plan was written, so that the plan replays as it ran after the configs change
+(a plan whose candidate is adopted into the configs would otherwise re-make its baseline as the
+candidate). A rerun resumes: judged candidates are read back from ``verdicts.jsonl`` (and
+checked against the plan: a plan changed after a verdict is refused), a cut ``hlmtune cv`` keeps
+its finished stages. DS2 is never read.
 
 ``--record REC`` keeps the plan's small files (``verdicts.jsonl``, ``plan.md`` and each finished
 run's ``cv_metrics.json`` / ``cv_stopped.json`` / ``report.md``, no model) in a second folder, written
@@ -60,7 +65,7 @@ from hlmtune.hlm.cv import FIGURES, figure_of
 from hlmtune.training.options import closest
 
 PLANS_DIR = Path(__file__).parent / "plans"
-PLAN_KEYS = ("description", "cv", "env", "rule", "baseline", "candidates")
+PLAN_KEYS = ("description", "cv", "env", "rule", "fixed", "baseline", "candidates")
 RULE_KEYS = ("min_gain", "min_folds", "figure")
 RUN_KEYS = ("name", "overrides", "flags", "why")
 # flags the driver sets itself: a plan naming them would judge against the wrong folder, or by
@@ -109,6 +114,7 @@ class Plan:
     candidates: Tuple[Setting, ...]
     description: str = ""
     figure: str = "macro_f1"  # what min_gain and min_folds judge: a key of hlmtune.hlm.cv.FIGURES
+    fixed: Tuple[str, ...] = ()  # overrides of every run, before its own (the configs as the plan was written)
 
     @property
     def figure_words(self) -> str:
@@ -140,13 +146,18 @@ def _setting(where: str, raw: Any, *, name: Optional[str] = None) -> Setting:
             or name.endswith(CHECK_SUFFIX)):
         raise ValueError(f"{where}.name: a folder name (letters, digits, _ . -; not 'baseline' or {HOSTS!r}, not "
                          f"ending in {CHECK_SUFFIX!r}), got {name!r}")
-    overrides = _words(f"{where}.overrides", raw.get("overrides"))
+    overrides = _overrides(f"{where}.overrides", raw.get("overrides"))
     flags = _words(f"{where}.flags", raw.get("flags"))
-    for o in overrides:
-        if "=" not in o or o.startswith("-"):
-            raise ValueError(f"{where}.overrides: {o!r} is not key=value (cv flags go under 'flags')")
     _check_flags(f"{where}.flags", flags)
     return Setting(name=name, overrides=overrides, flags=flags, why=str(raw.get("why", "")))
+
+
+def _overrides(where: str, value: Any) -> Tuple[str, ...]:
+    overrides = _words(where, value)
+    for o in overrides:
+        if "=" not in o or o.startswith("-"):
+            raise ValueError(f"{where}: {o!r} is not key=value (cv flags go under 'flags')")
+    return overrides
 
 
 def _check_flags(where: str, flags: Sequence[str]) -> None:
@@ -213,9 +224,11 @@ def load_plan(path: Path) -> Plan:
     if figure not in FIGURES:
         raise ValueError(f"{where}: rule.figure: {figure!r} is not a figure{closest(str(figure), list(FIGURES))}; "
                          f"known: {', '.join(FIGURES)}")
-    return Plan(figure=figure, source=Path(path), cv=cv, env={k: str(v) for k, v in env.items()}, min_gain=float(min_gain),
-                min_folds=min_folds, baseline=_setting(f"{where}: baseline", raw.get("baseline") or {}, name="base"),
-                candidates=candidates, description=str(raw.get("description", "")).strip())
+    fixed = _overrides(f"{where}: fixed", raw.get("fixed"))
+    return Plan(figure=figure, fixed=fixed, source=Path(path), cv=cv, env={k: str(v) for k, v in env.items()},
+                min_gain=float(min_gain), min_folds=min_folds,
+                baseline=_setting(f"{where}: baseline", raw.get("baseline") or {}, name="base"), candidates=candidates,
+                description=str(raw.get("description", "")).strip())
 
 
 def resolve_plan(name: str) -> Path:
@@ -309,14 +322,17 @@ def run_process(cmd: List[str], env: Dict[str, str], log: Path) -> int:
 
 def cv_command(plan: Plan, out: Path, setting: Setting, carried: Setting, base: Optional[Path],
                extra: Sequence[str] = ()) -> List[str]:
-    """The ``hlmtune cv`` command of one run: plan flags, adopted then own flags, ``extra``, overrides."""
+    """The ``hlmtune cv`` command of one run: plan flags, adopted then own flags, ``extra``, then the
+    plan's fixed overrides (those whose key the run does not set), adopted, own overrides."""
     cmd = [sys.executable, "-m", "hlmtune.cli", "cv", "--out", str(out), *plan.cv, *carried.flags, *setting.flags,
            *extra]
     if base is not None:
         cmd += ["--baseline", str(base), "--need-folds", str(plan.min_folds)]
         if plan.figure != "macro_f1":  # the default's commands stay as plans before rule.figure ran them
             cmd += ["--figure", plan.figure]
-    return [*cmd, *carried.overrides, *setting.overrides]
+    own = [*carried.overrides, *setting.overrides]
+    keys = {o.split("=", 1)[0] for o in own}
+    return [*cmd, *(o for o in plan.fixed if o.split("=", 1)[0] not in keys), *own]
 
 
 def _copy_of(base: Path, dest: Path) -> None:
@@ -694,7 +710,9 @@ def write_summary(plan: Plan, out: Path, rows: Sequence[Dict[str, Any]], carried
         f"Rule: adopted when the pooled ensemble {plan.figure_words} is at least {plan.min_gain:+.3f} above the "
         f"baseline's and at least {plan.min_folds} folds are at or above it.",
         "",
-        f"Baseline (`{plan.baseline.words()}`): {base_line}",
+        f"Baseline (`{plan.baseline.words()}`"
+        + (f"; every run also `{' '.join(plan.fixed)}`, the configs as the plan was written" if plan.fixed else "")
+        + f"): {base_line}",
         "",
         f"| candidate | setting | pooled {plan.figure_words} (vs its baseline) | folds at or above | S F1 | V F1 "
         "| baseline's pretrained models | verdict |",
