@@ -8,9 +8,10 @@ DS2: the settings are the shipped configs and the demo's (36,000 fine-tuning exa
 MIT-BIH Supraventricular Arrhythmia Database's records as extra training patients when
 ``$HLM_DATA/svdb`` is there, ``--svdb none`` for DS1 only), with
 three fine-tunes of different seeds voting as an ensemble (``hlmtune demo --seeds 3``), all
-chosen on held-out training patients: DS1 records, then the plan ``hlm_61_patients`` over DS1
-and svdb (docs/hlm.md "Model selection", docs/selection/hlm_61_patients). Training stays inside the
-30-minute budget (17.4 minutes idle on 2026-12-05, with 600 pretraining steps).
+chosen on held-out training patients: DS1 records, then the plans ``hlm_61_patients`` and
+``hlm_gated_partition2`` over DS1 and svdb (docs/hlm.md "Model selection", docs/selection/). Training
+stays inside the 30-minute budget (17.4 minutes idle on 2026-12-05, 18.6 with a test run beside it
+on 2026-12-06, with 600 pretraining steps).
 
     HLM_DATA=../shared/data python benchmarks/ecg_quality.py [--out DIR] [--seeds K] [--pretrainings P] [--pretrain-steps N]
 
