@@ -488,6 +488,10 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     cand = sel.cv_command(second, Path("c"), second.candidates[0], sel.Setting("carried"), Path("b"))
     assert cand[-2:] == list(second.candidates[0].overrides) and "dataset.rr_reference=median" not in cand
     assert big.fixed[0] == "dataset.num_examples=24000"  # its baseline ran with 24,000 examples
+    irregular = plans["hlm_gated_irregular"]  # docs/hlm.md: the same rule and folds, the gated reference fixed
+    assert (irregular.figure, irregular.min_gain, irregular.min_folds, irregular.cv) == ("sv_f1", 0.015, 3, second.cv)
+    assert irregular.fixed == second.candidates[0].overrides and irregular.env == big.env
+    assert [(c.name, c.overrides) for c in irregular.candidates] == [("irregular01", ("dataset.irregular_synth=0.1",))]
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
     assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"
