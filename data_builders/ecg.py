@@ -684,9 +684,8 @@ class ECGBeatClassificationDataset(Dataset):
     def _timing(self, k: int, shard_rr: int) -> Tuple[List[int], int, int]:
         """Example ``k``'s RR tokens as shown: (context, the beat's own, the following).
 
-        Relative to the running reference (``rr_reference`` over ``normalized_rr`` intervals) with
-        ``normalized_rr`` (the shard holds the absolute RR);
-        redrawn for a synthetic premature beat (:meth:`_premature`) or fibrillating rhythm
+        With ``normalized_rr``, relative to the running reference (``rr_reference`` over that many
+        intervals; the shard holds the absolute RR); redrawn for a synthetic premature beat (:meth:`_premature`) or fibrillating rhythm
         (:meth:`_irregular`).
         """
         e = int(self.index[k])
