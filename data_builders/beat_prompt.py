@@ -73,6 +73,11 @@ class BeatDraw:
         record_balance (float): within each class, each record's share of the draw is
             proportional to its beats of that class ``** record_balance`` (1 = as recorded, 0 =
             every patient with the class equally).
+        early_n_weight (float): within class N, beats whose own interval comes early (RR token
+            under 0.8 x the running reference; needs ``normalized_rr``) are drawn with this weight
+            against 1 for the other N beats: above 1 the model sees more of the real N beats that
+            come early (irregular rhythms, sinus arrhythmia) beside ``premature_synth``'s early S
+            examples; the class shares are unchanged. 1 = as recorded.
     """
 
     classes: Optional[Sequence[str]] = None
@@ -80,10 +85,13 @@ class BeatDraw:
     num_examples: Optional[int] = None
     seed: int = 0
     record_balance: float = 1.0
+    early_n_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= float(self.record_balance) <= 1.0:
             raise ValueError(f"record_balance must be in [0, 1], got {self.record_balance}")
+        if not float(self.early_n_weight) > 0.0:
+            raise ValueError(f"early_n_weight must be > 0, got {self.early_n_weight}")
 
     def for_evaluation(self) -> "BeatDraw":
         """Every beat once, in record order."""

@@ -59,7 +59,7 @@ from hlmtune.data_builders.beat_prompt import (
     BeatBlock, BeatDraw, BeatPrompt, BeatPromptOptions, BeatSource, assemble_prompt, builder_signature, parse_options,
 )
 from hlmtune.data_builders.rr_features import (  # noqa: F401  (normalized_rr_tokens: public here too)
-    NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, long_rr_tokens, normalized_rr_tokens,
+    GATE_EARLY, NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, long_rr_tokens, normalized_rr_tokens,
     rhythm_irregularity, running_reference, window_average_rr,
 )
 from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
@@ -69,6 +69,10 @@ AF_RHYTHM = "(AFIB"
 AF_SEGMENTS = (41, 128, 256, 512)  # the papers' AF segment lengths in beats
 # The confusion that matters most for each true class in inter-patient work: the rejected
 # answer of a DPO pair (N beats alternate between S and V, the classes the task is about).
+# ``early_n_weight``: an N beat is early when its own RR token is under this ratio to the running
+# reference: the reference's own gate (rr_features.GATE_EARLY) and the reports' "premature" bucket
+# (hlm.metrics.PREMATURE_RATIO, the same 0.8).
+EARLY_N_RATIO = GATE_EARLY
 _REJECT = {"N": ("S", "V"), "S": ("N",), "V": ("N",), "F": ("V",), "Q": ("N",)}
 
 
@@ -109,7 +113,7 @@ def _cycle(rng: np.random.Generator, members: np.ndarray, k: int) -> np.ndarray:
 
 def balanced_indices(
     labels: np.ndarray, *, balance: Optional[float], num_examples: Optional[int], seed: int,
-    groups: Optional[np.ndarray] = None, group_balance: float = 1.0,
+    groups: Optional[np.ndarray] = None, group_balance: float = 1.0, weights: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """Example indices of one epoch with class shares proportional to ``count ** balance``.
 
@@ -122,6 +126,9 @@ def balanced_indices(
         group_balance (float): within a class, each group's share is proportional to its
             count ``** group_balance``: 1 = as recorded (one patient with most of a class's
             beats dominates it), 0 = every patient of the class equally, 0.5 between.
+        weights (Optional[np.ndarray]): (n,) draw weight per candidate (default 1 each):
+            within a class, the candidates of one weight share its draws in proportion to their
+            count times that weight (``early_n_weight``); the class shares are unchanged.
 
     Returns:
         np.ndarray: (num_examples,) indices into ``labels``, shuffled by class draw.
@@ -138,15 +145,27 @@ def balanced_indices(
     want = _spread(total, counts.astype(np.float64) ** float(balance))
     rng = np.random.default_rng(seed)
     out = []
+    w_all = np.ones(n) if weights is None else np.asarray(weights, np.float64)
+    if w_all.shape != (n,) or not np.all(w_all >= 0):
+        raise ValueError(f"weights must be ({n},) and >= 0, got shape {w_all.shape}")
     for c, k in zip(classes, want):
-        members = np.flatnonzero(labels == c)
-        if groups is None or float(group_balance) == 1.0:
-            out.append(_cycle(rng, members, int(k)))
-            continue
-        g_ids, g_counts = np.unique(groups[members], return_counts=True)
-        for g, kg in zip(g_ids, _spread(int(k), g_counts.astype(np.float64) ** float(group_balance))):
-            if kg:
-                out.append(_cycle(rng, members[groups[members] == g], int(kg)))
+        in_class = np.flatnonzero(labels == c)
+        # strata of equal weight (one stratum unless weights are given): (count * weight) shares
+        w_ids, w_counts = np.unique(w_all[in_class], return_counts=True)
+        share = w_counts * w_ids
+        if not share.sum():  # every candidate of the class weighted 0: drawn as recorded
+            w_ids, share = w_ids[:1], np.ones(1)
+        for w, kw in zip(w_ids, _spread(int(k), share) if share.size > 1 else [int(k)]):
+            members = in_class if w_ids.size == 1 else in_class[w_all[in_class] == w]
+            if not kw:
+                continue
+            if groups is None or float(group_balance) == 1.0:
+                out.append(_cycle(rng, members, int(kw)))
+                continue
+            g_ids, g_counts = np.unique(groups[members], return_counts=True)
+            for g, kg in zip(g_ids, _spread(int(kw), g_counts.astype(np.float64) ** float(group_balance))):
+                if kg:
+                    out.append(_cycle(rng, members[groups[members] == g], int(kg)))
     return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
 
@@ -360,7 +379,8 @@ class ECGBeatClassificationDataset(Dataset):
         if self.label.size == 0:
             raise ValueError(f"no beats of classes {self.classes} in records {records}")
         self.index = balanced_indices(self.label, balance=draw.balance, num_examples=draw.num_examples,
-                                      seed=draw.seed, groups=self.rec, group_balance=draw.record_balance)
+                                      seed=draw.seed, groups=self.rec, group_balance=draw.record_balance,
+                                      weights=self._draw_weights(draw))
         if o.premature_synth and not ("N" in self.classes and "S" in self.classes):
             raise ValueError(f"premature_synth turns N examples into S examples: classes {self.classes} need both")
         if o.irregular_synth and "N" not in self.classes:
@@ -369,6 +389,22 @@ class ECGBeatClassificationDataset(Dataset):
         self.irregular_no_p_wave = bool(o.irregular_no_p_wave)
         self.rr_target = bool(o.rr_target)
         self.augment_stretch = float(o.augment_stretch)
+
+    def _draw_weights(self, draw: BeatDraw) -> Optional[np.ndarray]:
+        """(n_candidates,) draw weight of each candidate beat: ``early_n_weight`` for N beats whose
+        own RR token is early (ratio under :data:`EARLY_N_RATIO` to the running reference), 1 for
+        every other; None (the plain draw) at weight 1. Reads the label (what the example answers)
+        and the RR token (what it shows), never adds to the prompt."""
+        if float(draw.early_n_weight) == 1.0:
+            return None
+        if not self.normalized_rr:
+            raise ValueError("early_n_weight needs normalized_rr (early is judged against the running reference)")
+        if "N" not in self.classes:
+            raise ValueError(f"early_n_weight weights N examples: classes {self.classes} lack N")
+        own = np.array([self.rr_tokens[r][b] for r, b in zip(self.rec, self.beat)], np.int64)  # (n,) RR tokens
+        ratio = np.array([self.rr_ratio(t) for t in own])  # NaN where unknown: not early
+        early_n = (self.label == self.vocab.classes.index("N")) & (ratio < EARLY_N_RATIO)
+        return np.where(early_n, float(draw.early_n_weight), 1.0)
 
     def _feature_tokens(self, i: int, o: BeatPromptOptions) -> np.ndarray:
         """(n_beats, F) record ``i``'s rhythm feature tokens (``local_rr``, ``average_rr_s``), each

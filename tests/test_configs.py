@@ -155,7 +155,7 @@ def test_config_validates_for_its_recipe(name: str, load) -> None:
 # counts as a prompt key by default).
 ECG_DRAW_KEYS = {"split", "split_file", "records", "shards_dir", "classes", "balance", "num_examples", "seed",
                  "random_test_fraction", "augment", "template_swap", "record_balance", "previous_swap",
-                 "premature_synth", "rr_target", "augment_stretch"}
+                 "premature_synth", "rr_target", "augment_stretch", "early_n_weight"}
 ECG_FINETUNE_CONFIGS = ("ecg_lora", "ecg_qlora", "ecg_dpo", "ecg_qat")
 
 

@@ -1014,6 +1014,49 @@ def test_record_balance_spreads_a_class_over_its_patients(hlm):
     assert len(v_rec) >= 2 and max(v_rec.values()) - min(v_rec.values()) <= 1, v_rec
 
 
+def test_early_n_weight_draws_more_of_the_n_beats_that_come_early(hlm):
+    """Within a class, weighted candidates share its draws by count x weight; early_n_weight weights
+    the N beats whose own RR token is under 0.8 x the running reference, class shares unchanged."""
+    from collections import Counter
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import balanced_indices
+
+    labels = np.array([0] * 900 + [1] * 100)
+    w = np.where(np.arange(1000) < 100, 4.0, 1.0)  # class 0: 100 beats of weight 4, 800 of weight 1
+    plain = balanced_indices(labels, balance=0.0, num_examples=600, seed=2)
+    np.testing.assert_array_equal(plain, balanced_indices(labels, balance=0.0, num_examples=600, seed=2,
+                                                          weights=np.ones(1000)))
+    idx = balanced_indices(labels, balance=0.0, num_examples=600, seed=2, weights=w)
+    assert Counter(labels[idx]) == {0: 300, 1: 300}
+    assert int(np.sum(idx < 100)) == 100  # 300 x (100 x 4) / (100 x 4 + 800 x 1)
+    with pytest.raises(ValueError, match="weights must be"):
+        balanced_indices(labels, balance=0.0, num_examples=10, seed=0, weights=-w)
+
+    kw = dict(split_file=str(hlm["split_file"]), balance=0.5, num_examples=3000, classes=["N", "S", "V"],
+              context_beats=8, normalized_rr=32)
+    base = ecg_beat_classification_dataset(hlm["tk"], **kw)
+    boosted = ecg_beat_classification_dataset(hlm["tk"], **kw, early_n_weight=4.0)
+
+    def early_n(ds):  # drawn N examples whose own RR token (as the prompt shows it) is under 0.8
+        return sum(ds.label_of(k) == "N" and ds.rr_ratio(ds.rr_tokens[int(ds.rec[ds.index[k]])][
+            int(ds.beat[ds.index[k]])]) < 0.8 for k in range(len(ds)))
+
+    assert Counter(map(base.label_of, range(len(base)))) == Counter(map(boosted.label_of, range(len(boosted))))
+    cand = base.label == base.vocab.classes.index("N")
+    ratios = np.array([base.rr_ratio(base.rr_tokens[r][b]) for r, b in zip(base.rec, base.beat)])
+    share = float(np.mean(ratios[cand] < 0.8))
+    assert 0.0 < share < 0.2, share  # the synthetic records hold a few early N beats
+    n_drawn = sum(base.label_of(k) == "N" for k in range(len(base)))
+    want = n_drawn * 4 * share / (4 * share + 1 - share)
+    assert early_n(base) < 1.5 * n_drawn * share + 5
+    assert abs(early_n(boosted) - want) <= 1, (early_n(boosted), want)
+    with pytest.raises(ValueError, match="early_n_weight needs normalized_rr"):
+        ecg_beat_classification_dataset(hlm["tk"], **{**kw, "normalized_rr": 0}, early_n_weight=4.0)
+    with pytest.raises(ValueError, match="early_n_weight must be > 0"):
+        ecg_beat_classification_dataset(hlm["tk"], **kw, early_n_weight=0.0)
+
+
 def test_a_dpo_runs_test_set_reads_its_keys_as_the_dpo_builder_does():
     """`hlmtune eval` parses a DPO run's dataset section with the DPO builder's options: its excluded
     keys are refused there too (before any shard is read)."""
