@@ -138,10 +138,9 @@ def record_table(r: Dict[str, Any], classes: Sequence[str]) -> str:
 
 # How to read timing_table(), for the reports that print one (eval, demo, cv).
 TIMING_TABLE_LEGEND = ("The target beat's RR token as the model read it (its interval relative to the patient's "
-                       "running reference RR: the run's `rr_reference` over its last `normalized_rr` intervals; "
-                       "the shipped configs: `gated_regular` of 32, usual intervals only). An S beat is a normal "
-                       "beat that comes early: S beats that are not premature by this token must be told by their "
-                       "waveform alone. " + RECORD_TABLE_LEGEND)
+                       "running reference RR: the run's `rr_reference` over its last `normalized_rr` intervals, as "
+                       "its config names them). An S beat is a normal beat that comes early: S beats that are not "
+                       "premature by this token must be told by their waveform alone. " + RECORD_TABLE_LEGEND)
 
 
 def timing_table(r: Dict[str, Any], classes: Sequence[str], threshold: float = PREMATURE_RATIO) -> str:
