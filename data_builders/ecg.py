@@ -67,12 +67,12 @@ from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_
 IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
 AF_RHYTHM = "(AFIB"
 AF_SEGMENTS = (41, 128, 256, 512)  # the papers' AF segment lengths in beats
-# The confusion that matters most for each true class in inter-patient work: the rejected
-# answer of a DPO pair (N beats alternate between S and V, the classes the task is about).
 # ``early_n_weight``: an N beat is early when its own RR token is under this ratio to the running
 # reference: the reference's own gate (rr_features.GATE_EARLY) and the reports' "premature" bucket
 # (hlm.metrics.PREMATURE_RATIO, the same 0.8).
 EARLY_N_RATIO = GATE_EARLY
+# The confusion that matters most for each true class in inter-patient work: the rejected
+# answer of a DPO pair (N beats alternate between S and V, the classes the task is about).
 _REJECT = {"N": ("S", "V"), "S": ("N",), "V": ("N",), "F": ("V",), "Q": ("N",)}
 
 
