@@ -126,7 +126,7 @@ def balanced_indices(
         group_balance (float): within a class, each group's share is proportional to its
             count ``** group_balance``: 1 = as recorded (one patient with most of a class's
             beats dominates it), 0 = every patient of the class equally, 0.5 between.
-        weights (Optional[np.ndarray]): (n,) draw weight per candidate (default 1 each):
+        weights (Optional[np.ndarray]): (n,) draw weight per candidate, > 0 (default 1 each):
             within a class, the candidates of one weight share its draws in proportion to their
             count times that weight (``early_n_weight``); the class shares are unchanged.
 
@@ -146,19 +146,14 @@ def balanced_indices(
     rng = np.random.default_rng(seed)
     out = []
     w_all = np.ones(n) if weights is None else np.asarray(weights, np.float64)
-    if w_all.shape != (n,) or not np.all(w_all >= 0):
-        raise ValueError(f"weights must be ({n},) and >= 0, got shape {w_all.shape}")
+    if w_all.shape != (n,) or not np.all(w_all > 0):
+        raise ValueError(f"weights must be ({n},) and > 0, got shape {w_all.shape}")
     for c, k in zip(classes, want):
         in_class = np.flatnonzero(labels == c)
-        # strata of equal weight (one stratum unless weights are given): (count * weight) shares
+        # strata of equal weight (one stratum, the whole class, unless weights differ): (count * weight) shares
         w_ids, w_counts = np.unique(w_all[in_class], return_counts=True)
-        share = w_counts * w_ids
-        if not share.sum():  # every candidate of the class weighted 0: drawn as recorded
-            w_ids, share = w_ids[:1], np.ones(1)
-        for w, kw in zip(w_ids, _spread(int(k), share) if share.size > 1 else [int(k)]):
-            members = in_class if w_ids.size == 1 else in_class[w_all[in_class] == w]
-            if not kw:
-                continue
+        for w, kw in zip(w_ids, _spread(int(k), w_counts * w_ids)):
+            members = in_class[w_all[in_class] == w]
             if groups is None or float(group_balance) == 1.0:
                 out.append(_cycle(rng, members, int(kw)))
                 continue
@@ -721,8 +716,8 @@ class ECGBeatClassificationDataset(Dataset):
         """Example ``k``'s RR tokens as shown: (context, the beat's own, the following).
 
         With ``normalized_rr``, relative to the running reference (``rr_reference`` over that many
-        intervals; the shard holds the absolute RR); redrawn for a synthetic premature beat (:meth:`_premature`) or fibrillating rhythm
-        (:meth:`_irregular`).
+        intervals; the shard holds the absolute RR); redrawn for a synthetic premature beat
+        (:meth:`_premature`) or fibrillating rhythm (:meth:`_irregular`).
         """
         e = int(self.index[k])
         i, j = int(self.rec[e]), int(self.beat[e])
