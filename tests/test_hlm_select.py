@@ -54,7 +54,9 @@ class FakeCv:
         if "--check-pretraining" in cmd:
             base = Path(cmd[cmd.index("--baseline") + 1])
             theirs = json.loads((base / "cv_metrics.json").read_text())["folds"][0]["pretrain_sha256"][0]
-            out.mkdir(parents=True, exist_ok=True)
+            pretrained = out / "fold1" / "runs" / "pretrain"  # what a real check leaves: fold 1's stage
+            pretrained.mkdir(parents=True, exist_ok=True)
+            (pretrained / "stage.json").write_text(json.dumps({"command": ["check's"], "data": "digest"}))
             (out / "pretrain_check.json").write_text(json.dumps(
                 {"pretrain_sha256": self.host, "baseline_pretrain_sha256": theirs, "same": self.host == theirs,
                  "cpu": "fake"}))
@@ -309,12 +311,19 @@ def test_a_recorded_baseline_without_its_pretrained_models_is_remade_on_this_mac
                                "--check-pretraining a=0")
     sel.run_plan(sel.load_plan(_plan(tmp_path)), out, runner=fake, max_candidates=1, record=rec)
     (check, _, _), (again, _, _), (good, _, _) = fake.calls  # this host pretrains to other bytes: re-made
-    assert "--check-pretraining" in check and "other bytes" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--check-pretraining" in check and "other bytes" in err and "pretraining from the host check" in err
     assert again[again.index("--out") + 1] == str(out / "baseline") and "--baseline" not in again
     assert good[good.index("--baseline") + 1] == str(out / "baseline")
     # the record now holds the figures made here (the fake's names no pretrained models)
     made_here = json.loads((rec / "baseline" / "cv_metrics.json").read_text())
     assert made_here["pooled"]["macro_f1"] == 0.5 and "folds" not in made_here
+    # the check's fold-1 pretraining was copied in before the re-make ran (its stamp decides whether it is kept)
+    stage = out / "baseline" / "fold1" / "runs" / "pretrain" / "stage.json"
+    assert stage.read_text() == (out / "baseline.pretrain_check" / "fold1" / "runs" / "pretrain" / "stage.json").read_text()
+    stage.write_text("this host's own stage")  # one already there is never replaced
+    sel._reuse_check_pretraining(sel._Baseline(out / "baseline", sel.Setting("baseline"), sel.Setting("carried")))
+    assert stage.read_text() == "this host's own stage"
     ckpt = out / "baseline" / "fold1" / "runs" / "pretrain" / "epoch_0"
     ckpt.mkdir(parents=True)
     (ckpt / "model.safetensors").write_bytes(b"weights")

@@ -38,7 +38,8 @@ machine's record, stages lost) is checked first: ``hlmtune cv --check-pretrainin
 fold 1 in ``<baseline>.pretrain_check`` and compares the checkpoint's digest with the recorded
 one. The same bytes: the recorded figures stand. Other bytes, no digest, or no result: the
 baseline is re-made on this machine with its own settings (an adopted candidate without
-``--baseline``: its verdict stands) before the next candidate runs against it, and the record
+``--baseline``: its verdict stands) before the next candidate runs against it, starting from the
+check's fold-1 pretraining (kept when its stage stamp matches the re-make's), and the record
 keeps the result it replaced in ``REC/hosts/<digest>/<run>/``: a later host whose fold 1 pretrains
 to that digest takes it back instead of re-making it. Each verdict row
 counts the folds whose pretrained models have the baseline's bytes (``same_pretraining``).
@@ -507,8 +508,33 @@ def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path
     _say(f"{name}: its folder holds no result or not the pretrained models its result names (another machine's "
          "record, or stages lost): re-making it here with its own settings"
          + ("" if name == "baseline" else "; its verdict stands, the re-made figures are the next baseline"))
+    _reuse_check_pretraining(base)
     _run(name, base.command(plan), env, out / f"{name}.log", runner)
     return True
+
+
+def _reuse_check_pretraining(base: _Baseline) -> None:
+    """Put the host check's fold-1 pretraining where the re-made baseline looks for it.
+
+    :func:`_same_host` pretrained fold 1 in ``<baseline>.pretrain_check`` with the baseline's own
+    settings (minutes of work). A copy in the baseline's folder is kept by the re-make when its
+    stage stamp (the command, job-relative, and the digest of the tokens and split lists it read)
+    equals what the re-make would run, and redone otherwise, so nothing is trusted that the
+    re-make would not have made itself. Only where the baseline's folder has no such stage yet.
+    """
+    from hlmtune.hlm.cv import fold_folder
+    from hlmtune.hlm.pipeline import STAGE_STAMP
+
+    src = fold_folder(base.check_dir(), 1) / "runs" / "pretrain"
+    dest = fold_folder(base.dir, 1) / "runs" / "pretrain"
+    if not (src / STAGE_STAMP).exists() or dest.exists():
+        return
+    tmp = dest.with_name(dest.name + ".copying")
+    shutil.rmtree(tmp, ignore_errors=True)  # a copy cut short before
+    shutil.copytree(src, tmp)
+    tmp.rename(dest)  # whole or absent: a cut copy never looks like a finished stage
+    _say(f"{base.dir.name}: fold 1's pretraining from the host check ({src}) copied in; the re-make keeps it "
+         "if its stamp matches the re-make's own command and data")
 
 
 def _host_variant(record: Optional[Path], out: Path, base: _Baseline, *, apply: bool = True) -> bool:
