@@ -360,6 +360,8 @@ class ECGBeatClassificationDataset(Dataset):
                                features=o.rhythm_features)
         self.augment, self.seed, self._edges = bool(o.augment), int(draw.seed), quantizer_edges(params)
         self._rr_edges = rr_edges(params)  # (rr_bins + 1,) s: the RR grid of every RR token
+        # (rr_bins,) each RR bin's midpoint over the standard cycle: the ratio a normalized token stands for
+        self._rr_mids = 0.5 * (self._rr_edges[:-1] + self._rr_edges[1:]) / NORMAL_RR_S
         # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
         self.templates = [self._templates(i, int(o.template_beats)) for i in range(len(self.beats.tables))] \
             if o.template_beats else None
@@ -396,8 +398,9 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError("early_n_weight needs normalized_rr (early is judged against the running reference)")
         if "N" not in self.classes:
             raise ValueError(f"early_n_weight weights N examples: classes {self.classes} lack N")
-        own = np.array([self.rr_tokens[r][b] for r, b in zip(self.rec, self.beat)], np.int64)  # (n,) RR tokens
-        ratio = np.array([self.rr_ratio(t) for t in own])  # NaN where unknown: not early
+        starts = np.cumsum([0] + [len(x) for x in self.rr_tokens])[:-1]  # (n_records,) offsets in the flat array
+        own = np.concatenate(self.rr_tokens)[starts[self.rec] + self.beat]  # (n,) each candidate's own RR token
+        ratio = self.rr_ratios(own)  # NaN where unknown: not early
         early_n = (self.label == self.vocab.classes.index("N")) & (ratio < EARLY_N_RATIO)
         return np.where(early_n, float(draw.early_n_weight), 1.0)
 
@@ -738,9 +741,13 @@ class ECGBeatClassificationDataset(Dataset):
         bin's midpoint over ``NORMAL_RR_S`` gives the ratio back, to the bin's width.
         """
         b = int(rr_token) - self.vocab.rr_base
-        if not 0 <= b < int(self.params.rr_bins):
-            return float("nan")
-        return float(0.5 * (self._rr_edges[b] + self._rr_edges[b + 1])) / NORMAL_RR_S
+        return float(self._rr_mids[b]) if 0 <= b < self._rr_mids.size else float("nan")
+
+    def rr_ratios(self, rr_tokens: np.ndarray) -> np.ndarray:
+        """(n,) :meth:`rr_ratio` of each of ``rr_tokens`` (n,), NaN where a token is no RR bin."""
+        b = np.asarray(rr_tokens, np.int64) - self.vocab.rr_base
+        known = (b >= 0) & (b < self._rr_mids.size)
+        return np.where(known, self._rr_mids[np.clip(b, 0, self._rr_mids.size - 1)], np.nan).astype(float)
 
     def example(self, k: int) -> BeatPrompt:
         """Example ``k``'s prompt, up to and including ``<beat?>``, and where its target beat is."""

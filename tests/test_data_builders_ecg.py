@@ -426,6 +426,28 @@ def test_premature_synth_makes_n_beats_early_labels_them_s_and_never_in_evaluati
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), classes=["N", "V"], premature_synth=0.2)
 
 
+def test_rr_ratios_are_bin_midpoints_over_the_standard_cycle_and_nan_off_the_rr_bins(hlm):
+    """``rr_ratios`` (vectorised, what ``early_n_weight`` reads) and ``rr_ratio`` (one token, the timing
+    table's) against the bin midpoints written out by hand; the unknown-interval token and any token
+    outside the RR bins are NaN."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.ecg_tokenizer.vocab import rr_edges
+
+    tk = hlm["tk"]
+    v, p = tk.vocab, tk.params
+    e = [float(x) for x in rr_edges(p)]
+    ds = ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=2,
+                                         normalized_rr=32)
+    tokens = np.arange(v.rr_base - 2, v.rr_base + p.rr_bins + 3)
+    want = [(e[t - v.rr_base] + e[t - v.rr_base + 1]) / 2 / 0.8 if 0 <= t - v.rr_base < p.rr_bins else math.nan
+            for t in tokens]
+    got = ds.rr_ratios(tokens)
+    assert got.shape == tokens.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True)
+    assert math.isnan(ds.rr_ratio(ds.unknown_rr)) and math.isnan(got[list(tokens).index(ds.unknown_rr)])
+    assert [ds.rr_ratio(t) for t in tokens[2:-3]] == pytest.approx(want[2:-3], rel=1e-12)
+
+
 def test_long_rr_is_the_beats_interval_against_the_upper_quartile_of_earlier_beats(hlm):
     """``long_rr``: the last token before ``<beat?>`` is rr(i) / q75(last N intervals) at 0.8 s, by hand;
     a synthetic premature example shows its drawn (early) interval there, scaled the same way."""
