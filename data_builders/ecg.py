@@ -398,9 +398,7 @@ class ECGBeatClassificationDataset(Dataset):
             raise ValueError("early_n_weight needs normalized_rr (early is judged against the running reference)")
         if "N" not in self.classes:
             raise ValueError(f"early_n_weight weights N examples: classes {self.classes} lack N")
-        starts = np.cumsum([0] + [len(x) for x in self.rr_tokens])[:-1]  # (n_records,) offsets in the flat array
-        own = np.concatenate(self.rr_tokens)[starts[self.rec] + self.beat]  # (n,) each candidate's own RR token
-        ratio = self.rr_ratios(own)  # NaN where unknown: not early
+        ratio = self.rr_ratios(self._own_rr(np.arange(self.rec.size)))  # NaN where unknown: not early
         early_n = (self.label == self.vocab.classes.index("N")) & (ratio < EARLY_N_RATIO)
         return np.where(early_n, float(draw.early_n_weight), 1.0)
 
@@ -467,6 +465,12 @@ class ECGBeatClassificationDataset(Dataset):
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(rec_idx), np.concatenate(beat_idx), np.concatenate(labels)
 
+    def _own_rr(self, cand: np.ndarray) -> np.ndarray:
+        """(n,) the own RR token (as :attr:`rr_tokens` holds it) of candidates ``cand`` (n,), indices
+        into :attr:`rec` / :attr:`beat`: one gather over the records' tokens laid end to end."""
+        starts = np.cumsum([0] + [len(x) for x in self.rr_tokens])[:-1]  # (n_records,) offsets in the flat array
+        return np.concatenate(self.rr_tokens)[starts[self.rec[cand]] + self.beat[cand]]
+
     def _synthetic_draws(self, o: BeatPromptOptions) -> Tuple[np.ndarray, np.ndarray]:
         """(len,) which examples are shown as a synthetic premature beat (label S) and which inside
         a synthetic fibrillating rhythm (label N); drawn once, so every epoch shows the same."""
@@ -474,8 +478,7 @@ class ECGBeatClassificationDataset(Dataset):
         # drawn N examples whose own interval is known (a record's first beat has none to redraw)
         n_known = np.zeros(e.size, bool)
         if o.premature_synth or o.irregular_synth:
-            n_known = (self.label[e] == self.vocab.classes.index("N")) & np.array(
-                [self.rr_tokens[r][b] < self.unknown_rr for r, b in zip(self.rec[e], self.beat[e])], bool)
+            n_known = (self.label[e] == self.vocab.classes.index("N")) & (self._own_rr(e) < self.unknown_rr)
         synthetic = n_known & (np.random.default_rng((self.seed, 3)).random(e.size) < float(o.premature_synth))
         if o.premature_max_irregularity is not None:
             for k in np.flatnonzero(synthetic):  # the drawn beats only: a few thousand

@@ -523,10 +523,9 @@ def _reuse_check_pretraining(base: _Baseline) -> None:
     re-make would not have made itself. Only where the baseline's folder has no such stage yet.
     """
     from hlmtune.hlm.cv import fold_folder
-    from hlmtune.hlm.pipeline import STAGE_STAMP
+    from hlmtune.hlm.pipeline import STAGE_STAMP, pretrain_dirs
 
-    src = fold_folder(base.check_dir(), 1) / "runs" / "pretrain"
-    dest = fold_folder(base.dir, 1) / "runs" / "pretrain"
+    src, dest = (pretrain_dirs(fold_folder(job, 1), 1)[0] for job in (base.check_dir(), base.dir))
     if not (src / STAGE_STAMP).exists() or dest.exists():
         return
     tmp = dest.with_name(dest.name + ".copying")
