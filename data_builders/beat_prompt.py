@@ -139,6 +139,12 @@ class BeatPromptOptions:
             usual rhythm, which a running median loses inside a long ectopic run), written at the
             standard 0.8 s cycle, last before ``<beat?>``; a synthetic premature or fibrillating
             example shows its own drawn interval there too.
+        p_wave_beats (int): 0 = off; else a token of how alike the P-wave segments (0.25-0.06 s
+            before R) of the ``p_wave_beats`` beats before the target are (``p_wave_regularity``:
+            the median correlation of each with their median, written as an RR token over [-1, 1]),
+            last before ``<beat?>``: the same P wave before every beat (a rhythm a premature S beat
+            interrupts) or none (fibrillation, where N beats come early); never the target's own
+            samples. An ``irregular_no_p_wave`` example shows a fibrillating context's value there.
         template_beats (int): 0 = off; else the patient's typical beat, the sample-wise median of
             this many earlier beats whatever their class (``beat_templates``), cropped like the
             target beat: opens the prompt and/or serves ``template_delta``.
@@ -181,6 +187,7 @@ class BeatPromptOptions:
     local_rr: int = 0
     average_rr_s: float = 0.0
     long_rr: int = 0
+    p_wave_beats: int = 0
     template_beats: int = 0
     template_delta: bool = False
     show_template: bool = True
@@ -209,6 +216,8 @@ class BeatPromptOptions:
             raise ValueError(f"average_rr_s must be 0 (off) or a window of up to 3600 s, got {self.average_rr_s}")
         if not 0 <= int(self.long_rr) <= 100_000:
             raise ValueError(f"long_rr must be 0 (off) or the beats of its long reference (<= 100000), got {self.long_rr}")
+        if not (int(self.p_wave_beats) == 0 or 3 <= int(self.p_wave_beats) <= 1000):
+            raise ValueError(f"p_wave_beats must be 0 (off) or the earlier beats compared (3..1000), got {self.p_wave_beats}")
         if not 0 <= int(self.template_beats) <= 100_000:
             raise ValueError(f"template_beats must be 0 (off) or the beats of the median template, got {self.template_beats}")
         if not 0.0 <= float(self.template_swap) <= 1.0 or (self.template_swap and not self.template_beats):
@@ -230,8 +239,9 @@ class BeatPromptOptions:
 
     @property
     def rhythm_features(self) -> int:
-        """Rhythm feature tokens after the following RR (``local_rr``, ``average_rr_s``, ``long_rr``)."""
-        return int(bool(self.local_rr)) + int(bool(self.average_rr_s)) + int(bool(self.long_rr))
+        """Feature tokens after the following RR (``local_rr``, ``average_rr_s``, ``long_rr``, ``p_wave_beats``)."""
+        return (int(bool(self.local_rr)) + int(bool(self.average_rr_s)) + int(bool(self.long_rr))
+                + int(bool(self.p_wave_beats)))
 
     def for_evaluation(self) -> "BeatPromptOptions":
         """The same inputs with every training-time variation (:data:`TRAINING_ONLY`) off."""
@@ -250,7 +260,7 @@ class BeatBlock:
         samples (int): waveform tokens of the beat.
         next_rr (bool): whether the following RR interval comes after the waveform.
         query (bool): whether the block ends with ``<beat?>``.
-        features (int): rhythm feature tokens after the following RR (local, window average, long).
+        features (int): feature tokens after the following RR (local, window average, long, P wave).
     """
 
     samples: int
@@ -292,7 +302,7 @@ class BeatPrompt:
         next_rr_token (Optional[int]): the following RR token as shown, None when not shown.
         rr_ratio (Optional[float]): the target beat's interval over the patient's running
             reference RR as the model read it (NaN: unknown); None for absolute RR tokens.
-        feature_tokens (List[int]): the rhythm feature tokens as shown (local, window average).
+        feature_tokens (List[int]): the feature tokens as shown (local, window average, long, P wave).
     """
 
     tokens: List[int]

@@ -62,9 +62,15 @@ from hlmtune.data_builders.rr_features import (  # noqa: F401  (normalized_rr_to
     GATE_EARLY, NORMAL_RR_S, interval_tokens, local_average_rr, long_reference, long_rr_tokens, normalized_rr_tokens,
     rhythm_irregularity, running_reference, window_average_rr,
 )
+from hlmtune.data_builders.p_wave import p_wave_regularity, p_wave_tokens
 from hlmtune.ecg_tokenizer.splits import RANDOM, TRAIN, SplitError, random_beat_mask, resolve_records
 
 IGNORE = -100  # torchtune's CROSS_ENTROPY_IGNORE_IDX
+# ``p_wave_beats`` for an ``irregular_no_p_wave`` example (a synthetic fibrillating context): drawn
+# uniformly in this range, where the training patients' fibrillating contexts lie (median
+# p_wave_regularity over 8 beats before their early N beats: mitdb/203 0.42, svdb/804 0.35; sinus
+# contexts before S beats 0.8-0.9; docs/hlm-experiments.md, 2026-12-06).
+FIBRILLATING_P_REGULARITY = (-0.2, 0.5)
 AF_RHYTHM = "(AFIB"
 AF_SEGMENTS = (41, 128, 256, 512)  # the papers' AF segment lengths in beats
 # ``early_n_weight``: an N beat is early when its own RR token is under this ratio to the running
@@ -365,6 +371,9 @@ class ECGBeatClassificationDataset(Dataset):
         # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
         self.templates = [self._templates(i, int(o.template_beats)) for i in range(len(self.beats.tables))] \
             if o.template_beats else None
+        # per record: (n_beats,) p_wave_beats' token: how alike the earlier beats' P waves are (None: off)
+        self.p_wave = ([self._p_wave_tokens(i, int(o.p_wave_beats)) for i in range(len(self.beats.tables))]
+                       if o.p_wave_beats else None)
         self.template_swap = float(o.template_swap)
         self.previous_swap = float(o.previous_swap)
         self.next_rr = bool(o.next_rr)
@@ -437,6 +446,32 @@ class ECGBeatClassificationDataset(Dataset):
                     scales.append(shown / long)
         return tokens, scales if drawn else None
 
+    def _waves_mv(self, i: int, lut: Optional[np.ndarray] = None) -> np.ndarray:
+        """(n_beats, W) record ``i``'s beat windows in mV, as the shard holds them (through ``lut``,
+        a token-to-token map such as :func:`amplitude_lut`'s, when given)."""
+        t, w = self.beats.tables[i], int(self.params.window)
+        idx = t["token_start"].astype(np.int64)[:, None] + 2 + np.arange(w)  # (n_beats, W): skip <sep> rr
+        waves = self.beats.tokens(i)[idx].astype(np.int64)
+        if lut is not None:
+            waves = lut[waves]
+        return dequantize(waves - self.vocab.sample_base, self._edges)
+
+    def _p_wave_tokens(self, i: int, beats: int) -> np.ndarray:
+        """(n_beats,) record ``i``'s ``p_wave_beats`` token of each beat (:func:`p_wave_regularity`)."""
+        values = p_wave_regularity(self._waves_mv(i), pre=int(self.params.pre), fs=float(self.params.target_rate),
+                                   beats=beats)
+        return p_wave_tokens(values, rr_base=self.vocab.rr_base, rr_bins=int(self.params.rr_bins))
+
+    def _p_wave_token(self, k: int) -> int:
+        """Example ``k``'s ``p_wave_beats`` token: the record's, or a fibrillating context's for an
+        ``irregular_no_p_wave`` example (its beat and template lost their P wave too)."""
+        e = int(self.index[k])
+        if self.irregular_no_p_wave and self.irregular[k]:
+            lo, hi = FIBRILLATING_P_REGULARITY
+            v = np.random.default_rng((self.seed, k, 5)).uniform(lo, hi)
+            return int(p_wave_tokens(np.array([v]), rr_base=self.vocab.rr_base, rr_bins=int(self.params.rr_bins))[0])
+        return int(self.p_wave[int(self.rec[e])][int(self.beat[e])])
+
     def _long_token(self, k: int, own: int) -> int:
         """Example ``k``'s ``long_rr`` token: the record's, or from its shown own interval when drawn."""
         e = int(self.index[k])
@@ -492,12 +527,7 @@ class ECGBeatClassificationDataset(Dataset):
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
-        t, w = self.beats.tables[i], int(self.params.window)
-        idx = t["token_start"].astype(np.int64)[:, None] + 2 + np.arange(w)  # (n_beats, W): skip <sep> rr
-        waves = self.beats.tokens(i)[idx].astype(np.int64)
-        if self.amp is not None:
-            waves = self.amp[i][waves]
-        mv = dequantize(waves - self.vocab.sample_base, self._edges)  # (n_beats, W)
+        mv = self._waves_mv(i, None if self.amp is None else self.amp[i])  # (n_beats, W)
         return self.vocab.sample_base + quantize(beat_templates(mv, beats), self._edges)
 
     def __len__(self) -> int:
@@ -761,6 +791,8 @@ class ECGBeatClassificationDataset(Dataset):
         features = self.features[int(self.rec[e])][int(self.beat[e])].tolist()
         if self.long_tokens is not None:
             features.append(self._long_token(k, own))
+        if self.p_wave is not None:
+            features.append(self._p_wave_token(k))
         return assemble_prompt(
             template=tmpl.tolist() if self.show_template else [], context_rr=ctx, beat=beat.tolist(),
             next_rr=after if self.next_rr else None, query_id=self.query_id,

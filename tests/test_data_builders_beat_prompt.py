@@ -25,6 +25,7 @@ ON = {
     "local_rr": dict(local_rr=10),
     "average_rr_s": dict(average_rr_s=300.0, normalized_rr=64),
     "long_rr": dict(long_rr=64, premature_synth=0.5),
+    "p_wave_beats": dict(p_wave_beats=8, irregular_synth=0.5, irregular_no_p_wave=True),
     "template_beats": dict(template_beats=32),
     "template_delta": dict(template_beats=32, template_delta=True),
     "show_template": dict(template_beats=32, show_template=False, template_delta=True),
@@ -91,6 +92,7 @@ def test_parse_options_names_the_closest_key_and_honours_builder_defaults():
     (dict(rr_reference="mode"), "rr_reference must be one of .'median', 'mean', 'gated', 'gated_regular'."),
     (dict(local_rr=-1), "local_rr must be 0"),
     (dict(long_rr=-5), "long_rr must be 0"),
+    (dict(p_wave_beats=2), "p_wave_beats must be 0 .off. or the earlier beats compared .3..1000."),
     (dict(average_rr_s=4000), "average_rr_s must be 0"),
 ])
 def test_option_checks_name_the_key(bad, match):
@@ -155,7 +157,7 @@ def test_every_option_goes_through_the_one_owner(shards, option):
         assert t[0] == BOS_ID and t[-1] == v.ids["<beat?>"] and t.count(SEP_ID) == 1
         assert t[ex.target_at] == SEP_ID and t[ex.target_at + BeatBlock.RR] == ex.rr_token
         tail = len(t) - (ex.target_at + BeatBlock.WAVE + n_samples)  # [rr(i+1)] [features] <beat?>
-        n_feat = sum(bool(getattr(ds.options, f)) for f in ("local_rr", "average_rr_s", "long_rr"))
+        n_feat = sum(bool(getattr(ds.options, f)) for f in ("local_rr", "average_rr_s", "long_rr", "p_wave_beats"))
         assert len(ex.feature_tokens) == n_feat and tail == (2 if ds.next_rr else 1) + n_feat
         assert t[len(t) - 1 - n_feat : -1] == ex.feature_tokens
         assert all(v.rr_base <= f <= v.rr_base + tk.params.rr_bins for f in ex.feature_tokens)

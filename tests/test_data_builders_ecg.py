@@ -796,7 +796,7 @@ def test_templates_are_causal_after_the_warm_up():
 # Every input option of the beat prompt switched on (training-time variations included): what
 # the label-leak check runs the real builder with.
 EVERY_INPUT = dict(context_beats=8, normalized_rr=64, normalize_amplitude=True, beat_samples=80, next_rr=True,
-                   rr_reference="mean", local_rr=10, average_rr_s=300.0, long_rr=512,
+                   rr_reference="mean", local_rr=10, average_rr_s=300.0, long_rr=512, p_wave_beats=8,
                    template_beats=32, template_delta=True, show_template=True, augment=True, template_swap=0.2,
                    previous_swap=0.2, premature_synth=0.2, premature_max_irregularity=0.5, irregular_synth=0.2,
                    irregular_no_p_wave=True, rr_target=True, augment_stretch=0.15, record_balance=0.5,
@@ -1167,3 +1167,44 @@ def test_annotation_shards_are_refused_for_beat_classes(tmp_path):
     with pytest.raises(ValueError, match="annotators' labels"):
         ecg_beat_classification_dataset(ECGTokenizer(manifest_path=str(tmp_path / "ann")),
                                         split_file=str(db / "splits.json"))
+
+
+def test_p_wave_beats_token_is_the_earlier_beats_p_wave_regularity_last_before_the_query(hlm):
+    """``p_wave_beats``: the last token before ``<beat?>`` is the record's p_wave_regularity of the
+    target beat (from the shard's samples, read here by hand), an RR token; a synthetic fibrillating
+    example without P waves shows a value in the fibrillating range; nothing else in the prompt moves."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.data_builders.ecg import FIBRILLATING_P_REGULARITY
+    from hlmtune.data_builders.p_wave import p_wave_regularity
+    from hlmtune.ecg_tokenizer.dataset import open_token_shard
+    from hlmtune.ecg_tokenizer.shards import read_manifest
+    from hlmtune.ecg_tokenizer.vocab import dequantize, quantizer_edges
+
+    tk = hlm["tk"]
+    v, p = tk.vocab, tk.params
+    man = read_manifest(str(hlm["shards"]))
+    by_name = {r["record"]: r for r in man["records"]}
+    expect = {}
+    for r in hlm["train"]:
+        t = _beats(hlm, r)
+        toks = open_token_shard(Path(hlm["shards"]), by_name[r])
+        waves = np.stack([toks[s + 2: s + 2 + p.window] for s in t["token_start"]]).astype(np.int64) - v.sample_base
+        vals = p_wave_regularity(dequantize(waves, quantizer_edges(p)), pre=p.window // 3, fs=p.target_rate, beats=6)
+        expect[r] = [v.rr_base + p.rr_bins if np.isnan(x) else v.rr_base + min(p.rr_bins - 1, int((x + 1) / 2 * p.rr_bins))
+                     for x in vals]
+    opts = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=8, beat_samples=96, normalized_rr=64)
+    ds = ecg_beat_classification_dataset(tk, p_wave_beats=6, **opts)
+    plain = ecg_beat_classification_dataset(tk, **opts)
+    known = 0
+    for k in range(len(ds)):
+        ex = ds.example(k)
+        e = int(ds.index[k])
+        want = expect[ds.beats.names[int(ds.rec[e])]][int(ds.beat[e])]
+        assert ex.feature_tokens == [want] and ex.tokens[-2] == want, k
+        assert ex.tokens[:-2] + ex.tokens[-1:] == plain.example(k).tokens, k  # only the one token added
+        known += want != v.rr_base + p.rr_bins
+    assert known > 0.9 * len(ds)
+    fib = ecg_beat_classification_dataset(tk, p_wave_beats=6, irregular_synth=0.5, irregular_no_p_wave=True, **opts)
+    lo, hi = (v.rr_base + int((x + 1) / 2 * p.rr_bins) for x in FIBRILLATING_P_REGULARITY)
+    drawn = [fib.example(k).feature_tokens[-1] for k in range(len(fib)) if fib.irregular[k]]
+    assert len(drawn) > 20 and all(lo <= t <= hi for t in drawn) and len(set(drawn)) > 3
