@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/peer_throughput.py
 	$(PY) benchmarks/tokenize_throughput.py
 	$(PY) benchmarks/rr_reference_throughput.py
+	$(PY) benchmarks/beat_dataset_build.py
 	$(PY) benchmarks/collector_overhead.py
 	$(PY) benchmarks/dpo_shared_prompt.py
 	$(PY) benchmarks/ecg_quality.py
