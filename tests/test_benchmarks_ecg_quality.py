@@ -4,7 +4,6 @@ targets and budget verdicts follow from the evaluation's confusion matrix, bad f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,19 +12,15 @@ import pytest
 
 import hlmtune.hlm.pipeline as pipeline
 from hlmtune.hlm.evaluate import summarize
+from bench_helpers import load_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "ecg_quality.py"
 CLASSES = ["N", "S", "V", "F"]
 # rows true, columns predicted (N, S, V, F): S F1 = 2*30/(2*30+10+50) = 0.5, V F1 = 2*90/(2*90+5+10) = 0.923
 CONFUSION = [[900, 10, 5, 0], [50, 30, 0, 0], [10, 0, 90, 0], [4, 0, 0, 1]]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("ecg_quality_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("ecg_quality")
 
 
 def _fake_pipeline(calls, train_s):

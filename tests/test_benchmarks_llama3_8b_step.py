@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,16 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from bench_helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "llama3_8b_step.py"
 SMALL = ["--layers", "2", "--dim", "256", "--intermediate", "512", "--heads", "4", "--kv-heads", "2", "--vocab", "2048"]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("llama3_8b_step", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("llama3_8b_step")
 
 
 def _run(args, tmp_path):

@@ -3,7 +3,6 @@ shipped config's reference marked, beat tables as the annotations give them, bad
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -11,16 +10,14 @@ import numpy as np
 import pytest
 import yaml
 
+from bench_helpers import assert_needs_hlm_data, load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "rr_reference_throughput.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("rr_reference_throughput", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("rr_reference_throughput")
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +74,4 @@ def test_refuses_bad_input(bench, monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as e:
         bench.main(["--records", str(tmp_path), "--repeats", "0"])
     assert e.value.code == 2
-    monkeypatch.delenv("HLM_DATA", raising=False)
-    with pytest.raises(SystemExit, match="set HLM_DATA"):
-        bench.main([])
-    monkeypatch.setenv("HLM_DATA", str(tmp_path))
-    with pytest.raises(SystemExit, match=f"{tmp_path / 'mitdb'}: not a folder"):
-        bench.main([])
+    assert_needs_hlm_data(bench.main, monkeypatch, tmp_path)
