@@ -560,3 +560,30 @@ def test_select_cli_runs_a_plan_on_synthetic_records_and_resumes(tmp_path):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and says in proc.stderr, proc.stderr
     proc = subprocess.run([HLMTUNE, "select", "hlm_smoke", "--show"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == (sel.PLANS_DIR / "hlm_smoke.yaml").read_text()
+
+
+def test_a_job_stops_before_a_candidate_once_its_plan_file_holds_other_runs(tmp_path, capsys):
+    """A plan edited while its job runs (a candidate added or moved): the job stops before the next
+    candidate instead of running the order it read; a verdict noted in the YAML's comments or
+    description does not stop it; the rerun goes on with the plan as it is now."""
+    out, path = tmp_path / "job", _plan(tmp_path)
+    plan = sel.load_plan(path)
+
+    class Editing(FakeCv):
+        def __call__(self, cmd, env, log):
+            rc = super().__call__(cmd, env, log)
+            if "b=1" in cmd:  # while the first candidate runs: a note, then a new candidate placed second
+                raw = yaml.safe_load(path.read_text())
+                path.write_text("# good: judged\n" + yaml.safe_dump({**raw, "description": "good: not adopted"}))
+                assert not sel._plan_changed(plan)
+                raw["candidates"].insert(1, {"name": "new", "overrides": ["d=1"]})
+                path.write_text(yaml.safe_dump(raw))
+            return rc
+
+    fake = Editing({"b=1": [0.0] * 4, "c=1": [0.0] * 4, "d=1": [0.0] * 4}, stop={"9"})
+    rows = sel.run_plan(plan, out, runner=fake)
+    assert [r["name"] for r in rows] == ["good"] and len(fake.calls) == 2  # baseline, good; "small" not run
+    assert "stopped before candidate small" in capsys.readouterr().err
+    rows = sel.run_plan(sel.load_plan(path), out, runner=fake)
+    assert [r["name"] for r in rows] == ["good", "new", "small", "early"]
+    assert "d=1" in fake.calls[2][0] and "c=1" in fake.calls[3][0]

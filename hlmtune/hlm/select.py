@@ -27,7 +27,9 @@ shipped when the plan was written, so that the plan replays as it ran after the 
 (a plan whose candidate is adopted into the configs would otherwise re-make its baseline as the
 candidate). A rerun resumes: judged candidates are read back from ``verdicts.jsonl`` (and
 checked against the plan: a plan changed after a verdict is refused), a cut ``hlmtune cv`` keeps
-its finished stages. DS2 is never read.
+its finished stages. A plan file edited while its job runs, so that it parses to other runs or
+another rule, stops the job before its next candidate (a job holds the plan it read; comments and
+the description do not count). DS2 is never read.
 
 ``--record REC`` keeps the plan's small files (``verdicts.jsonl``, ``plan.md`` and each finished
 run's ``cv_metrics.json`` / ``cv_stopped.json`` / ``report.md``, no model) in a second folder, written
@@ -48,6 +50,7 @@ counts the folds whose pretrained models have the baseline's bytes (``same_pretr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -662,6 +665,10 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
         else:
             if max_candidates is not None and started >= max_candidates:
                 break
+            if not dry_run and _plan_changed(plan):
+                _say(f"stopped before candidate {cand.name}: {plan.source} now holds another plan (its runs or "
+                     f"rule changed since this job read it); rerun `hlmtune select` to go on with the plan as it is")
+                break
             ready = _ensure_baseline(plan, base, env, out, runner, dry_run, record)  # on a dry run: printed if not
             if not ready or dry_run:
                 if ready:
@@ -676,6 +683,17 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
             carried = Setting("carried", (*carried.overrides, *cand.overrides), (*carried.flags, *cand.flags))
         save()
     return rows
+
+
+def _plan_changed(plan: Plan) -> bool:
+    """Whether the plan file now parses to other runs or another rule than ``plan`` (its description
+    and YAML comments, where verdicts get noted while a job runs, do not count; a file that no longer
+    parses does)."""
+    try:
+        now = load_plan(plan.source)
+    except (OSError, ValueError):
+        return True
+    return dataclasses.replace(now, description=plan.description) != plan
 
 
 def _judge(plan: Plan, out: Path, cand: Setting, carried: Setting, base: Path, env: Dict[str, str],
