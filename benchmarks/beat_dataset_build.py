@@ -92,16 +92,11 @@ def measure(manifest: Dict[str, Any], rows: Dict[str, Dict[str, Any]], repeats: 
 
 
 def _folders(args: argparse.Namespace) -> List[Tuple[Path, str, Optional[List[str]]]]:
-    from hlmtune.ecg_tokenizer.labels import MITDB_DS1
+    from training_patients import training_folders
 
     if args.records:
         return [(Path(d), Path(d).resolve().name, None) for d in args.records]
-    if not os.environ.get("HLM_DATA"):
-        raise SystemExit("set HLM_DATA (MIT-BIH in $HLM_DATA/mitdb, svdb in $HLM_DATA/svdb) or pass --records DIR")
-    data = Path(os.environ["HLM_DATA"])
-    if not (data / "mitdb").is_dir():
-        raise SystemExit(f"{data / 'mitdb'}: not a folder (MIT-BIH's records are read from there)")
-    return [(data / "mitdb", "mitdb", list(MITDB_DS1))] + ([(data / "svdb", "svdb", None)] if (data / "svdb").is_dir() else [])
+    return list(training_folders())
 
 
 def main(argv=None) -> int:

@@ -96,20 +96,12 @@ def measure(tables, repeats: int) -> Dict[str, List[float]]:
 
 
 def _folders(args: argparse.Namespace) -> List[Tuple[Path, List[str]]]:
-    from hlmtune.ecg_tokenizer.labels import MITDB_DS1
     from hlmtune.ecg_tokenizer.records import list_records
+    from training_patients import training_folders
 
     if args.records:
         return [(Path(d), list_records(Path(d))) for d in args.records]
-    if not os.environ.get("HLM_DATA"):
-        raise SystemExit("set HLM_DATA (MIT-BIH in $HLM_DATA/mitdb, svdb in $HLM_DATA/svdb) or pass --records DIR")
-    data = Path(os.environ["HLM_DATA"])
-    if not (data / "mitdb").is_dir():
-        raise SystemExit(f"{data / 'mitdb'}: not a folder (MIT-BIH's records are read from there)")
-    out = [(data / "mitdb", list(MITDB_DS1))]
-    if (data / "svdb").is_dir():
-        out.append((data / "svdb", list_records(data / "svdb")))
-    return out
+    return [(folder, names) for folder, _, names in training_folders()]
 
 
 def main(argv=None) -> int:

@@ -4,6 +4,7 @@ script reading ``$HLM_DATA`` shares."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -14,7 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (the folder is not a package)."""
+    """``benchmarks/<name>.py`` as a module (the folder is not a package; as when the script runs, its
+    folder is on ``sys.path`` for the benchmarks' shared modules, ``peers.py`` and ``training_patients.py``)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(f"{name}_bench", ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
