@@ -501,6 +501,12 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     assert (irregular.figure, irregular.min_gain, irregular.min_folds, irregular.cv) == ("sv_f1", 0.015, 3, second.cv)
     assert irregular.fixed == second.candidates[0].overrides and irregular.env == big.env
     assert [(c.name, c.overrides) for c in irregular.candidates] == [("irregular01", ("dataset.irregular_synth=0.1",))]
+    balance = plans["hlm_record_balance"]  # docs/hlm.md: the shipped settings fixed, two settings judged again by S/V F1
+    assert (balance.figure, balance.min_gain, balance.min_folds, balance.cv, balance.env) == (
+        "sv_f1", 0.015, 3, second.cv, big.env)
+    assert balance.fixed == irregular.fixed + irregular.candidates[0].overrides
+    assert [(c.name, c.overrides, c.flags) for c in balance.candidates] == [
+        ("recbal05", ("dataset.record_balance=0.5",), ()), ("pretrain1200", (), ("--pretrain-steps", "1200"))]
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
     assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"
