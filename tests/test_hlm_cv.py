@@ -16,7 +16,7 @@ import pytest
 from hlmtune.hlm import calibrate as cal
 from hlmtune.hlm.cv import (
     baseline_lines, compare_to_baseline, figure_of, make_folds, own_result, pooled_members, pretrain_fingerprints,
-    pretraining_summary, read_baseline, rejected_by_folds,
+    pretraining_summary, read_baseline, rejected_by_folds, write_stopped, FoldResults,
 )
 
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
@@ -377,6 +377,62 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert json.loads((check / "pretrain_check.json").read_text())["same"] is False
 
 
+def test_through_fold_leaves_a_partial_run_that_a_candidate_can_only_be_rejected_beside(tmp_path):
+    """--through-fold 1 of 2: fold 1's row in cv_partial.json, no pooled figures; a candidate beside
+    it goes no further than fold 1 and only with --need-folds; the rerun without it finishes from
+    the kept fold 1 and replaces the partial file with the result."""
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env.pop("HLM_DATA", None)
+    base = tmp_path / "base"
+    common = ["--source", "synthetic", "--folds", "2", "--pretrain-steps", "2", "--finetune-examples", "32",
+              "--nproc", "1", "--max-eval", "60", "model.lora_rank=4", "dataset.num_examples=32"]
+    proc = subprocess.run([HLMTUNE, "cv", "--out", str(base), "--through-fold", "1", *common],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "folds 1-1 of 2 finished" in proc.stdout and not (base / "fold2").exists()
+    part = json.loads((base / "cv_partial.json").read_text())
+    assert part["partial"] and part["through_fold"] == 1 and part["n_folds"] == 2 and len(part["folds"]) == 1
+    assert part["folds"][0]["per_class"] and part["folds"][0]["pretrain_sha256"]
+    assert not (base / "cv_metrics.json").exists() and not (base / "report.md").exists()
+    assert read_baseline(base, partial=True)["partial"]
+    with pytest.raises(FileNotFoundError, match="no cv_metrics.json"):
+        read_baseline(base)  # a comparison in full needs a finished baseline
+    cand = tmp_path / "cand"
+    shutil.copytree(base, cand)
+    for args, says in ((["--baseline", str(base)], "no cv_metrics.json"),  # judged in full: refused
+                       (["--baseline", str(base), "--need-folds", "2"], "--through-fold 1 or less"),
+                       (["--baseline", str(base), "--need-folds", "2", "--through-fold", "2"], "unfinished, through fold 1")):
+        proc = subprocess.run([HLMTUNE, "cv", "--out", str(cand), *args, *common], capture_output=True, text=True, env=env)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    proc = subprocess.run([HLMTUNE, "cv", "--out", str(cand), "--baseline", str(base), "--need-folds", "2",
+                           "--through-fold", "1", *common], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pretrain: finished before, kept" in proc.stderr  # the copy's fold-1 pretraining
+    assert json.loads((cand / "cv_partial.json").read_text())["folds"][0]["per_class"] == part["folds"][0]["per_class"]
+    proc = subprocess.run([HLMTUNE, "cv", "--out", str(base), *common], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fine-tune: finished before, kept" in proc.stderr or "finished before, kept" in proc.stderr
+    doc = json.loads((base / "cv_metrics.json").read_text())
+    assert doc["folds"][0]["per_class"] == part["folds"][0]["per_class"] and len(doc["folds"]) == 2
+    assert not (base / "cv_partial.json").exists()
+
+
+def test_a_run_stopped_beside_an_unfinished_baseline_counts_the_baselines_folds():
+    res = FoldResults(classes=["N", "S", "V"])
+    row = {"fold": 1, "held_out": ["a"], "macro_f1": 0.4, "per_class": {"S": {"f1": 0.1}, "V": {"f1": 0.3}},
+           "pretrain_sha256": ["x"]}
+    res.rows = [row, {**row, "fold": 2}]
+    base = {"partial": True, "n_folds": 4, "folds": [{**row, "macro_f1": 0.5, "per_class": {"S": {"f1": 0.5}, "V": {"f1": 0.5}}}] * 2}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        write_stopped(Path(d), res, base, source="b", need_folds=3, described="x", wall_s=1.0, finetune_overrides=[],
+                      figure="sv_f1")
+        doc = json.loads((Path(d) / "cv_stopped.json").read_text())
+    assert doc["n_folds"] == 4 and doc["folds_run"] == 2 and doc["folds_below"] == 2
+    assert "at most 2 of 4" in doc["verdict"]
+
+
 def test_bad_cv_arguments_are_one_line(tmp_path):
     other = tmp_path / "other.json"  # a baseline of other folds: refused before any fold trains
     other.write_text(json.dumps({"folds": [{"held_out": ["x1"]}, {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
@@ -399,7 +455,10 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
                  ["--figure", "sv_f1", "--folds", "2", "--baseline", str(junk)],  # or a fold row that is no row
                  ["--check-pretraining", "--source", "synthetic", "--folds", "2"],  # compared with a baseline
                  ["--check-pretraining", "--folds", "2", "--baseline", str(other)],  # that names its models
-                 ["--check-pretraining", "--need-folds", "1", "--folds", "2", "--baseline", str(other)]):
+                 ["--check-pretraining", "--need-folds", "1", "--folds", "2", "--baseline", str(other)],
+                 ["--through-fold", "3", "--source", "synthetic", "--folds", "2"],  # past the last fold
+                 ["--through-fold", "0", "--source", "synthetic", "--folds", "2"],
+                 ["--check-pretraining", "--through-fold", "1", "--folds", "2", "--baseline", str(other)]):
         proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

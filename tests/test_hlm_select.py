@@ -65,6 +65,18 @@ class FakeCv:
         key = key or next((w for w in reversed(cmd) if w in self.deltas), None)
         if key in self.fail:
             return 3
+        n = int(cmd[cmd.index("--folds") + 1])
+        through = int(cmd[cmd.index("--through-fold") + 1]) if "--through-fold" in cmd else n
+        if through < n and not (key in self.stop and through >= 2):  # what cv --through-fold leaves
+            out.mkdir(parents=True, exist_ok=True)
+            if "--baseline" not in cmd:  # the baseline's fold stages, as a real run leaves them
+                (out / f"fold{through}" / "runs" / "pretrain").mkdir(parents=True, exist_ok=True)
+                (out / f"fold{through}" / "runs" / "pretrain" / "stage.json").write_text(f"fold {through}")
+            for name in ("cv_metrics.json", "cv_stopped.json"):
+                (out / name).unlink(missing_ok=True)
+            (out / "cv_partial.json").write_text(json.dumps({"partial": True, "through_fold": through}))
+            return 0
+        (out / "cv_partial.json").unlink(missing_ok=True)  # as cv's clear_summaries
         if "--baseline" not in cmd:
             out.mkdir(parents=True, exist_ok=True)
             (out / "marker").write_text("baseline")
@@ -127,6 +139,33 @@ def test_the_rule_carries_an_adopted_setting_into_every_later_candidate(tmp_path
     assert "| small | `c=1` | 0.510 (+0.010) | 4 of 4 | 0.600 (+0.100) |  | 4 of 4 folds | not adopted |" in summary
     assert small_row["same_pretraining"] == 4 and "stopped after fold 2" in summary
     assert "the plan is done" in summary and "The current baseline: `good/` (pooled macro-F1 0.517)." in summary
+
+
+def test_interleave_makes_the_baseline_fold_by_fold_beside_each_candidate(tmp_path):
+    """--interleave: no baseline yet, so it is made through fold k beside the candidate through fold k;
+    a candidate stopped after fold 2 leaves the baseline unfinished, and the next candidate goes on
+    beside it until both runs are whole; the verdicts are those of a plan run without it."""
+    path = _plan(tmp_path, candidates=[{"name": "early", "flags": ["--pretrain-steps", "9"]},
+                                       {"name": "good", "overrides": ["b=1"]}])
+    out = tmp_path / "job"
+    fake = FakeCv({"b=1": [0.03, 0.03, 0.01, -0.001]}, stop={"9"})
+    sel.run_plan(sel.load_plan(path), out, runner=fake, dry_run=True, interleave=True)
+    assert fake.calls == []  # a dry run prints the baseline's first command, through fold 1
+    rows = sel.run_plan(sel.load_plan(path), out, runner=fake, interleave=True)
+    runs = [(Path(c[c.index("--out") + 1]).name, c[c.index("--through-fold") + 1]) for c, _, _ in fake.calls]
+    assert runs == [("baseline", "1"), ("early", "1"), ("baseline", "2"), ("early", "2"),
+                    ("baseline", "1"), ("good", "1"), ("baseline", "2"), ("good", "2"),
+                    ("baseline", "3"), ("good", "3"), ("baseline", "4"), ("good", "4")]
+    early = [c for c, _, _ in fake.calls if str(out / "early") in c][0]
+    assert early[early.index("--baseline") + 1] == str(out / "baseline") and early[early.index("--need-folds") + 1] == "3"
+    assert [r["adopted"] for r in rows] == [False, True] and rows[0]["stopped_after_fold"] == 2
+    assert rows[1]["pooled_delta"] == pytest.approx(0.017, abs=1e-3) and all(r["interleaved"] for r in rows)
+    for k in (1, 2):  # the baseline's fold-k pretraining reached the candidate's folder before its fold k
+        assert (out / "early" / f"fold{k}" / "runs" / "pretrain" / "stage.json").read_text() == f"fold {k}"
+    assert (out / "baseline" / "cv_metrics.json").exists() and not (out / "baseline" / "cv_partial.json").exists()
+    assert (out / "good" / "cv_metrics.json").exists()
+    assert sel.run_plan(sel.load_plan(path), out, runner=fake, interleave=True) == rows  # resumed: nothing to run
+    assert len(fake.calls) == 12
 
 
 def test_fixed_overrides_come_first_in_every_run_unless_the_run_sets_that_key(tmp_path):

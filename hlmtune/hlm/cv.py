@@ -34,7 +34,12 @@ or ``sv_f1``, the mean of the S and V F1, a figure that a class of a few hundred
 folds (F) does not swing. ``--check-pretraining`` beside ``--baseline`` runs fold 1 only up to
 its first pretrained model and writes ``pretrain_check.json``: whether this host pretrains to the
 baseline's checkpoint bytes, i.e. computes as the host that made the baseline did (minutes, not
-the hours a re-made baseline takes).
+the hours a re-made baseline takes). ``--through-fold K`` runs folds 1..K only and writes
+``cv_partial.json`` (those folds' rows, never pooled figures); a rerun with a larger K goes on from
+the finished folds. A candidate may take such an unfinished baseline with ``--need-folds`` and a
+``--through-fold`` no larger than the baseline's: it can then be rejected fold by fold beside a
+baseline that is being made (``hlmtune select --interleave``), but judged in full only against a
+finished one.
 """
 
 from __future__ import annotations
@@ -362,6 +367,8 @@ def check_same_folds(held_out: Sequence[Sequence[str]], base: Dict[str, Any], so
         ValueError: naming the first fold that differs (or the fold counts).
     """
     theirs = [b["held_out"] for b in base["folds"]]
+    if base.get("partial"):  # an unfinished run (--through-fold): its finished folds must be this run's first
+        held_out = list(held_out)[:len(theirs)]
     if len(held_out) != len(theirs):
         raise ValueError(f"--baseline {source}: {len(theirs)} folds, this run has {len(held_out)}: not the same folds")
     for k, (a, b) in enumerate(zip(held_out, theirs), start=1):
@@ -370,20 +377,30 @@ def check_same_folds(held_out: Sequence[Sequence[str]], base: Dict[str, Any], so
                              "not the same folds")
 
 
-def read_baseline(path: Path) -> Dict[str, Any]:
+def read_baseline(path: Path, *, partial: bool = False) -> Dict[str, Any]:
     """The ``cv_metrics.json`` of ``path`` (an ``hlmtune cv`` folder, or the file itself).
+
+    Args:
+        path (Path): the baseline's folder or result file.
+        partial (bool): also take a folder whose run went only part of the way
+            (``--through-fold``): its ``cv_partial.json`` when it has no ``cv_metrics.json``; the
+            document then has ``partial: True`` and rows for its finished folds only.
 
     Raises:
         FileNotFoundError: no such file (naming it).
         ValueError: not a cross-validation document.
     """
     f = path / "cv_metrics.json" if path.is_dir() else path
+    if partial and path.is_dir() and not f.is_file() and (path / PARTIAL).is_file():
+        f = path / PARTIAL
     if not f.is_file():
         raise FileNotFoundError(f"--baseline {path}: no cv_metrics.json (give an `hlmtune cv --out` folder)")
     try:
         doc = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"--baseline {f}: not JSON ({e})") from None
+    if isinstance(doc, dict) and f.name == PARTIAL and doc.get("partial") is True and isinstance(doc.get("folds"), list):
+        return doc
     if not isinstance(doc, dict) or not all(k in doc for k in ("folds", "pooled", "classes")):
         raise ValueError(f"--baseline {f}: not an `hlmtune cv` result (needs folds, pooled, classes)")
     for row in doc["folds"]:  # written before rows named them: the folder's checkpoints still can
@@ -467,7 +484,8 @@ def _check_overrides(overrides: Sequence[str]) -> None:
 def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
                     calibrate_classes: Optional[Sequence[str]], baseline: Optional[Path],
                     need_folds: Optional[int], figure: str = "macro_f1",
-                    check_pretraining: bool = False, partition: int = 1) -> Optional[Dict[str, Any]]:
+                    check_pretraining: bool = False, partition: int = 1,
+                    through_fold: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """Refuse bad ``hlmtune cv`` input before anything is written; returns the baseline's document.
 
     Raises:
@@ -491,7 +509,19 @@ def check_arguments(*, out: Path, folds: int, finetune_overrides: Sequence[str],
         raise ValueError("--check-pretraining compares fold 1's pretrained model with a baseline's: give --baseline DIR")
     if check_pretraining and need_folds is not None:
         raise ValueError("--check-pretraining fine-tunes nothing, so --need-folds has no folds to count: drop one")
-    base = read_baseline(Path(baseline)) if baseline is not None else None
+    if through_fold is not None and not 1 <= through_fold <= folds:
+        raise ValueError(f"--through-fold {through_fold}: between 1 and --folds ({folds})")
+    if through_fold is not None and check_pretraining:
+        raise ValueError("--check-pretraining runs fold 1's pretraining only: drop --through-fold")
+    base = read_baseline(Path(baseline), partial=need_folds is not None) if baseline is not None else None
+    if base is not None and base.get("partial"):
+        have = len(base["folds"])
+        if base.get("n_folds") != folds:
+            raise ValueError(f"--baseline {baseline}: an unfinished run of {base.get('n_folds')} folds, this run has {folds}")
+        if through_fold is None or through_fold > have:
+            raise ValueError(f"--baseline {baseline}: unfinished, through fold {have} of {folds} ({PARTIAL}): a run "
+                             f"beside it goes no further (--through-fold {have} or less), and is judged in full only "
+                             "against a finished baseline")
     if baseline is not None and own_result(Path(baseline), out):
         raise ValueError(f"--baseline {baseline}: that is this run's own result, which the run replaces; "
                          f"copy the folder and give the copy as --out (cp -r {out} {out}_b)")
@@ -511,6 +541,7 @@ def run_cv(
     calibrate_classes: Optional[Sequence[str]] = None, pretrainings: int = 1, baseline: Optional[Path] = None,
     pretrain_seed: int = 0, svdb: Optional[str] = "auto", need_folds: Optional[int] = None,
     figure: str = "macro_f1", check_pretraining: bool = False, partition: int = 1,
+    through_fold: Optional[int] = None,
 ) -> Path:
     """Cross-validate the main job's model over the training patients; returns the report path.
 
@@ -547,13 +578,16 @@ def run_cv(
             pretrained model, compared with the baseline's (:func:`check_fold1_pretraining`);
             returns ``pretrain_check.json``'s path instead of a report.
         partition (int): the grouping of the patients into folds (:func:`make_folds`; 1: the default).
+        through_fold (Optional[int]): run folds 1..K only and write ``cv_partial.json`` (their
+            rows, no pooled figures; :func:`write_partial`), whose path is returned; K = ``folds``
+            is a whole run. With an unfinished baseline (``need_folds`` required) K may not pass
+            the baseline's last finished fold.
     """
     from hlmtune.files import ensure_dir
-    from hlmtune.hlm import calibrate
-    from hlmtune.hlm.pipeline import examples_trained
 
     base = check_arguments(out=Path(out), folds=folds, finetune_overrides=finetune_overrides, calibrate_classes=calibrate_classes,
-                           baseline=baseline, need_folds=need_folds, figure=figure, check_pretraining=check_pretraining, partition=partition)
+                           baseline=baseline, need_folds=need_folds, figure=figure, check_pretraining=check_pretraining, partition=partition,
+                           through_fold=through_fold)
     out = ensure_dir(out, "--out").resolve()
     t0 = time.perf_counter()
     setup = cv_setup(out, data=data, source=source, svdb=svdb, folds=folds, base=base, baseline=baseline, partition=partition)
@@ -564,11 +598,28 @@ def run_cv(
     if check_pretraining:
         return check_fold1_pretraining(setup, out, base, source=str(baseline), t0=t0, **job)
     stop = None if need_folds is None else (base["folds"], need_folds, figure)
-    res = run_folds(setup, out, stop=stop, **job)
+    res = run_folds(setup, out, stop=stop, through=through_fold, **job)
     if res.stopped_after is not None:
         return write_stopped(out, res, base, source=str(baseline), need_folds=need_folds, figure=figure,
                              described=setup.described, wall_s=time.perf_counter() - t0,
                              finetune_overrides=finetune_overrides)
+    if len(res.rows) < folds:
+        return write_partial(out, res, folds=folds, partition=partition, pretrainings=pretrainings, seeds=seeds,
+                             described=setup.described, finetune_overrides=finetune_overrides)
+    return _write_whole(out, res, setup, t0=t0, base=base, baseline=baseline, figure=figure, folds=folds,
+                        partition=partition, seeds=seeds, pretrainings=pretrainings, pretrain_seed=pretrain_seed,
+                        finetune_examples=finetune_examples, model=model, finetune_overrides=finetune_overrides,
+                        calibrate_classes=calibrate_classes)
+
+
+def _write_whole(out: Path, res: "FoldResults", setup: "CVSetup", *, t0: float, base: Optional[Dict[str, Any]],
+                 baseline: Optional[Path], figure: str, folds: int, partition: int, seeds: int, pretrainings: int,
+                 pretrain_seed: int, finetune_examples: int, model: str, finetune_overrides: Sequence[str],
+                 calibrate_classes: Optional[Sequence[str]]) -> Path:
+    """Stage 3 of a whole run: pooled figures, ``calibration.json``, ``cv_metrics.json`` and the report."""
+    from hlmtune.hlm import calibrate
+    from hlmtune.hlm.pipeline import examples_trained
+
     summary = {
         # "n_folds": the count; cv_metrics.json's "folds" is the per-fold rows (a "folds" here overwrote them)
         "n_folds": folds, "partition": partition, "seeds": seeds, "pretrainings": pretrainings, "pretrain_seed": pretrain_seed,
@@ -641,7 +692,8 @@ def pooled_document(res: "FoldResults", described: str, *, summary: Dict[str, An
             "wall_s": wall_s}, bias
 
 
-SUMMARIES = ("cv_metrics.json", "cv_stopped.json", "report.md", "calibration.json", "pretrain_check.json")
+PARTIAL = "cv_partial.json"  # the rows of the folds a --through-fold run finished (never pooled figures)
+SUMMARIES = ("cv_metrics.json", "cv_stopped.json", PARTIAL, "report.md", "calibration.json", "pretrain_check.json")
 
 
 def clear_summaries(out: Path) -> None:
@@ -678,7 +730,8 @@ def write_stopped(out: Path, res: "FoldResults", base: Dict[str, Any], *, source
     """``cv_stopped.json`` and ``report.md`` of a run stopped by ``--need-folds``; returns the report."""
     from hlmtune.files import atomic_write_bytes, atomic_write_text
 
-    k, n = len(res.rows), len(base["folds"])
+    k = len(res.rows)
+    n = int(base["n_folds"]) if isinstance(base.get("n_folds"), int) else len(base["folds"])  # an unfinished baseline has fewer rows
     folds = [{"fold": r["fold"], "held_out": r["held_out"], "macro_f1": r["macro_f1"], "baseline": b["macro_f1"],
               "delta": r["macro_f1"] - b["macro_f1"], **_figure_pair(r, b, figure, f"fold {r['fold']}"),
               "per_class": r["per_class"], "pretrain_sha256": r["pretrain_sha256"],
@@ -710,6 +763,22 @@ def write_stopped(out: Path, res: "FoldResults", base: Dict[str, Any], *, source
     ]
     atomic_write_text(out / "report.md", "\n".join(lines))
     return out / "report.md"
+
+
+def write_partial(out: Path, res: "FoldResults", *, folds: int, partition: int, pretrainings: int, seeds: int,
+                  described: str, finetune_overrides: Sequence[str]) -> Path:
+    """``cv_partial.json`` of a ``--through-fold`` run: its finished folds' rows; returns its path.
+
+    No pooled figure and no report: an unfinished cross-validation is not a result. A candidate can
+    be rejected fold by fold beside it (``--need-folds``), never adopted.
+    """
+    from hlmtune.files import atomic_write_bytes
+
+    doc = {"partial": True, "through_fold": len(res.rows), "n_folds": folds, "partition": partition,
+           "pretrainings": pretrainings, "seeds": seeds, "data": described, "classes": res.classes,
+           "finetune_overrides": list(finetune_overrides), "folds": res.rows}
+    atomic_write_bytes(out / PARTIAL, (json.dumps(doc, indent=1) + "\n").encode())
+    return out / PARTIAL
 
 
 @dataclass
@@ -795,16 +864,16 @@ def run_fold(setup: CVSetup, out: Path, k: int, *, note: str = "", **job: Any) -
 
 
 def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[str, Any]], int, str]] = None,
-              **job: Any) -> FoldResults:
+              through: Optional[int] = None, **job: Any) -> FoldResults:
     """Stage 2: the main job's stages on each fold (its held-out patients as the test split).
 
     ``stop``: (the baseline's fold rows, folds needed at or above them, the figure compared: a key
     of :data:`FIGURES`): the folds end as soon as :func:`rejected_by_folds` says the rest cannot
-    change the verdict."""
+    change the verdict. ``through``: the folds end after fold ``through`` (``--through-fold``)."""
     from hlmtune.hlm.evaluate import headline
 
     res = FoldResults()
-    for k, held in enumerate(setup.parts):
+    for k, held in enumerate(setup.parts[:through]):
         report = run_fold(setup, out, k, **job)
         pred = np.load(report.parent / "predictions.npz")
         res.classes = [str(c) for c in pred["classes"]]
@@ -918,6 +987,11 @@ def register(subparsers: Any) -> None:
                    help="with --baseline: the figure the fold count (and --need-folds) and the pooled difference "
                         "judge: macro-F1 over the classes, or sv_f1, the mean of S F1 and V F1 (not swung by a class "
                         "of a few hundred beats held by one or two folds)")
+    p.add_argument("--through-fold", type=int, default=None, metavar="K",
+                   help="run folds 1..K only and write cv_partial.json (their rows, no pooled figures); a rerun "
+                        "with a larger K goes on from there. A candidate beside an unfinished baseline (--baseline "
+                        "with --need-folds) goes no further than the baseline's folds: rejected fold by fold, judged "
+                        "in full only against a finished baseline (hlmtune select --interleave alternates the two)")
     p.add_argument("--check-pretraining", action="store_true",
                    help="with --baseline: run fold 1 only up to its first pretrained model and say whether its "
                         "checkpoint bytes are the baseline's (pretrain_check.json): whether this host computes as the "
@@ -939,8 +1013,15 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
                         max_eval=args.max_eval, force=args.force,
                         finetune_overrides=args.overrides, calibrate_classes=args.calibrate_classes,
                         baseline=args.baseline, svdb=args.svdb, need_folds=args.need_folds, figure=args.figure,
-                        check_pretraining=args.check_pretraining, partition=args.partition)
+                        check_pretraining=args.check_pretraining, partition=args.partition,
+                        through_fold=args.through_fold)
         from hlmtune.hlm.evaluate import class_table
+
+        if report.name == PARTIAL:
+            done = json.loads(report.read_text())
+            print(f"folds 1-{done['through_fold']} of {done['n_folds']} finished ({report}); no pooled figures until "
+                  f"every fold has run (rerun with a larger --through-fold, or without it)")
+            return report
 
         if report.name == "pretrain_check.json":
             c = json.loads(report.read_text())

@@ -45,6 +45,14 @@ check's fold-1 pretraining (kept when its stage stamp matches the re-make's), an
 keeps the result it replaced in ``REC/hosts/<digest>/<run>/``: a later host whose fold 1 pretrains
 to that digest takes it back instead of re-making it. Each verdict row
 counts the folds whose pretrained models have the baseline's bytes (``same_pretraining``).
+
+``--interleave`` makes a baseline that has to be made (none yet, or one re-made on this host) fold
+by fold beside the next candidate instead of first and whole: the baseline's cv through fold k
+(``hlmtune cv --through-fold k``), its fold-k pretrained models copied to the candidate, the
+candidate through fold k against that unfinished baseline with ``--need-folds``, then k + 1. A
+candidate the fold count rejects after two folds then costs two folds of each (about 1.7 hours on
+2 CPU cores) instead of the whole baseline and two folds (about 2.7 hours); one that is not rejected
+ends with both runs finished and is judged as without it. Same verdicts, same commands per fold.
 """
 
 from __future__ import annotations
@@ -74,7 +82,7 @@ RULE_KEYS = ("min_gain", "min_folds", "figure")
 RUN_KEYS = ("name", "overrides", "flags", "why")
 # flags the driver sets itself: a plan naming them would judge against the wrong folder, or by
 # another figure than its rule's (``--figure`` comes from ``rule.figure``)
-OWNED_FLAGS = ("--out", "--baseline", "--need-folds", "--figure", "--check-pretraining")
+OWNED_FLAGS = ("--out", "--baseline", "--need-folds", "--figure", "--check-pretraining", "--through-fold")
 CHECK_SUFFIX = ".pretrain_check"  # ``<baseline>.pretrain_check``: where a recorded baseline's fold 1 is pretrained
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what ``--record`` keeps of each run: the figures and the report, none of the stages
@@ -470,6 +478,7 @@ class _Baseline:
     dir: Path
     setting: Setting
     carried: Setting
+    unfinished: bool = False  # to be made fold by fold beside the next candidate (--interleave)
 
     def command(self, plan: Plan) -> List[str]:
         return cv_command(plan, self.dir, self.setting, self.carried, None)
@@ -484,7 +493,7 @@ class _Baseline:
 
 
 def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runner: Runner,
-                     dry_run: bool, record: Optional[Path] = None) -> bool:
+                     dry_run: bool, record: Optional[Path] = None, interleave: bool = False) -> bool:
     """Run the baseline unless its result stands here; False on a dry run.
 
     A result stands when its pretrained models are in its folder, or when this host pretrains
@@ -494,7 +503,9 @@ def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path
     or a record from a host that computes otherwise) the baseline is re-made here with its own
     settings, so the next candidate is not judged against another machine's arithmetic (the same
     settings on another host moved a fold by 0.049: docs/hlm-experiments.md). An adopted
-    candidate re-made so keeps its verdict; the re-made figures are the next baseline.
+    candidate re-made so keeps its verdict; the re-made figures are the next baseline. With
+    ``interleave`` a baseline to be made is not run here: it is marked ``unfinished`` and made fold
+    by fold beside the next candidate (:func:`_judge_interleaved`).
     """
     if _has_result(base.dir):
         if _own_pretraining(base.dir):
@@ -505,9 +516,14 @@ def _ensure_baseline(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path
         if same or _host_variant(record, out, base, apply=not dry_run):
             return True
     if dry_run:
-        print(" ".join(base.command(plan)))
+        print(" ".join(base.command(plan) + (["--through-fold", "1"] if interleave else [])))
         return False
     name = base.dir.name
+    if interleave:
+        _say(f"{name}: to be made here, fold by fold beside the next candidate (--interleave)")
+        _reuse_check_pretraining(base)
+        base.unfinished = True
+        return True
     _say(f"{name}: its folder holds no result or not the pretrained models its result names (another machine's "
          "record, or stages lost): re-making it here with its own settings"
          + ("" if name == "baseline" else "; its verdict stands, the re-made figures are the next baseline"))
@@ -624,7 +640,7 @@ def _own_pretraining(run: Path) -> bool:
 
 
 def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candidates: Optional[int] = None,
-             dry_run: bool = False, record: Optional[Path] = None) -> List[Dict[str, Any]]:
+             dry_run: bool = False, record: Optional[Path] = None, interleave: bool = False) -> List[Dict[str, Any]]:
     """Run the baseline, then each candidate not yet judged, by the plan's rule.
 
     Args:
@@ -635,6 +651,8 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
         dry_run (bool): print the next command instead of running anything.
         record (Optional[Path]): a folder of the plan's small files (:func:`export_record`), read
             first to seed ``out`` (:func:`seed_from_record`) and written after every run.
+        interleave (bool): make a baseline that has to be made fold by fold beside the next
+            candidate (:func:`_judge_interleaved`) instead of whole before it.
 
     Returns:
         List[Dict]: the verdict rows, in plan order (judged before or now).
@@ -669,14 +687,20 @@ def run_plan(plan: Plan, out: Path, *, runner: Runner = run_process, max_candida
                 _say(f"stopped before candidate {cand.name}: {plan.source} now holds another plan (its runs or "
                      f"rule changed since this job read it); rerun `hlmtune select` to go on with the plan as it is")
                 break
-            ready = _ensure_baseline(plan, base, env, out, runner, dry_run, record)  # on a dry run: printed if not
+            if not base.unfinished:  # an unfinished one goes on beside this candidate
+                ready = _ensure_baseline(plan, base, env, out, runner, dry_run, record, interleave)  # dry run: printed
+            else:
+                ready = not dry_run
             if not ready or dry_run:
                 if ready:
                     print(" ".join(cv_command(plan, out / cand.name, cand, carried, base.dir)))
                 break
             save()  # the baseline's figures reach the record before a candidate can fail
             started += 1
-            row = _judge(plan, out, cand, carried, base.dir, env, runner)
+            if base.unfinished:
+                row = _judge_interleaved(plan, out, cand, carried, base, env, runner)
+            else:
+                row = _judge(plan, out, cand, carried, base.dir, env, runner)
         rows.append(row)
         if row["adopted"]:
             base = _Baseline(out / cand.name, cand, carried)
@@ -709,6 +733,60 @@ def _judge(plan: Plan, out: Path, cand: Setting, carried: Setting, base: Path, e
     _append(out / "verdicts.jsonl", row)
     _say(f"{cand.name}: {describe(row)}")
     return row
+
+
+def _judge_interleaved(plan: Plan, out: Path, cand: Setting, carried: Setting, base: _Baseline, env: Dict[str, str],
+                       runner: Runner) -> Dict[str, Any]:
+    """Make the unfinished baseline and run ``cand`` beside it, fold by fold; append the verdict.
+
+    For k = 1..K: the baseline's cv through fold k (it resumes its finished folds), its fold-k
+    pretrained models copied into the candidate's folder, the candidate's cv through fold k against
+    it with ``--need-folds``. The candidate's ``cv_stopped.json`` ends it (the baseline stays
+    unfinished for the next candidate); after fold K both runs are whole and the verdict is
+    :func:`verdict`'s, as for :func:`_judge`.
+    """
+    n = _flag_value(plan.cv, "--folds", 4)
+    run = out / cand.name
+    wall = 0.0
+    for k in range(1, n + 1):
+        through = ["--through-fold", str(k)]
+        _run(f"baseline (through fold {k} of {n}, beside {cand.name})", base.command(plan) + through, env,
+             out / "baseline.log", runner)
+        _copy_of(base.dir, run)  # the first time: tokens, folds and fold 1 (a copy, as _judge makes)
+        _share_pretraining(base.dir, run, k)
+        wall += _run(f"candidate {cand.name} ({cand.words()}; through fold {k} of {n})",
+                     cv_command(plan, run, cand, carried, base.dir, through), env, out / f"{cand.name}.log", runner)
+        if (run / "cv_stopped.json").exists():
+            break
+    base.unfinished = not (base.dir / "cv_metrics.json").exists()
+    row = {"name": cand.name, "overrides": list(cand.overrides), "flags": list(cand.flags),
+           "carried": [*carried.flags, *carried.overrides], "baseline": str(base.dir), "dir": str(run),
+           **verdict(run, base.dir, plan), "wall_s": round(wall, 1), "interleaved": True,
+           "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _append(out / "verdicts.jsonl", row)
+    _say(f"{cand.name}: {describe(row)}")
+    return row
+
+
+def _share_pretraining(src_job: Path, dest_job: Path, k: int) -> None:
+    """Copy fold ``k``'s pretrained models of ``src_job`` into ``dest_job`` where it has none.
+
+    The candidate's cv keeps a copied stage only when its stamp equals what it would run itself
+    (a candidate that changes the pretraining redoes it), so nothing is trusted that it would not
+    have made. Each copy is whole or absent.
+    """
+    from hlmtune.hlm.cv import fold_folder
+
+    runs_src, runs_dest = fold_folder(src_job, k) / "runs", fold_folder(dest_job, k) / "runs"
+    for src in sorted(runs_src.glob("pretrain*")) if runs_src.is_dir() else ():
+        dest = runs_dest / src.name
+        if dest.exists() or not src.is_dir():
+            continue
+        tmp = dest.with_name(dest.name + ".copying")
+        shutil.rmtree(tmp, ignore_errors=True)
+        runs_dest.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, tmp, symlinks=True)
+        tmp.rename(dest)
 
 
 def _pooled_figure(row: Dict[str, Any]) -> Tuple[Optional[float], Optional[float]]:
@@ -826,6 +904,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-candidates", type=int, default=None, metavar="N",
                    help="judge at most N more candidates in this call (default: all)")
     p.add_argument("--dry-run", action="store_true", help="print the next hlmtune cv command and stop")
+    p.add_argument("--interleave", action="store_true",
+                   help="a baseline that has to be made here (none yet, or another host's) is made fold by fold "
+                        "beside the next candidate (hlmtune cv --through-fold): a candidate rejected after two folds "
+                        "then costs two folds of each instead of the whole baseline first")
     p.add_argument("--record", default=None, metavar="REC",
                    help="a folder of the plan's small files (verdicts, plan.md, each run's figures and report; "
                         "no model), read first to seed --out and written after every run: commit it to carry "
@@ -848,7 +930,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.out is None:
             raise ValueError("--out DIR: the job folder (or --show to print the plan)")
         rows = run_plan(load_plan(path), Path(args.out), max_candidates=args.max_candidates, dry_run=args.dry_run,
-                        record=None if args.record is None else Path(args.record))
+                        record=None if args.record is None else Path(args.record), interleave=args.interleave)
         for row in rows:
             print(f"{row['name']}: {describe(row)}")
         if not args.dry_run:
