@@ -780,7 +780,7 @@ def _share_pretraining(src_job: Path, dest_job: Path, k: int) -> None:
     runs_src, runs_dest = fold_folder(src_job, k) / "runs", fold_folder(dest_job, k) / "runs"
     for src in sorted(runs_src.glob("pretrain*")) if runs_src.is_dir() else ():
         dest = runs_dest / src.name
-        if dest.exists() or not src.is_dir():
+        if dest.exists() or not src.is_dir() or "." in src.name:  # "pretrain.copying": a copy cut short
             continue
         tmp = dest.with_name(dest.name + ".copying")
         shutil.rmtree(tmp, ignore_errors=True)
