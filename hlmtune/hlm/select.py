@@ -547,12 +547,18 @@ def _reuse_check_pretraining(base: _Baseline) -> None:
     src, dest = (pretrain_dirs(fold_folder(job, 1), 1)[0] for job in (base.check_dir(), base.dir))
     if not (src / STAGE_STAMP).exists() or dest.exists():
         return
-    tmp = dest.with_name(dest.name + ".copying")
-    shutil.rmtree(tmp, ignore_errors=True)  # a copy cut short before
-    shutil.copytree(src, tmp)
-    tmp.rename(dest)  # whole or absent: a cut copy never looks like a finished stage
+    _copy_stage(src, dest)
     _say(f"{base.dir.name}: fold 1's pretraining from the host check ({src}) copied in; the re-make keeps it "
          "if its stamp matches the re-make's own command and data")
+
+
+def _copy_stage(src: Path, dest: Path) -> None:
+    """Copy a stage folder to ``dest`` whole or not at all: a cut copy never looks like a finished stage."""
+    tmp = dest.with_name(dest.name + ".copying")
+    shutil.rmtree(tmp, ignore_errors=True)  # a copy cut short before
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, tmp)
+    tmp.rename(dest)
 
 
 def _host_variant(record: Optional[Path], out: Path, base: _Baseline, *, apply: bool = True) -> bool:
@@ -726,9 +732,15 @@ def _judge(plan: Plan, out: Path, cand: Setting, carried: Setting, base: Path, e
     _copy_of(base, out / cand.name)
     wall = _run(f"candidate {cand.name} ({cand.words()})",
                 cv_command(plan, out / cand.name, cand, carried, base), env, out / f"{cand.name}.log", runner)
+    return _record_verdict(plan, out, cand, carried, base, wall)
+
+
+def _record_verdict(plan: Plan, out: Path, cand: Setting, carried: Setting, base: Path, wall: float,
+                    **extra: Any) -> Dict[str, Any]:
+    """The verdict row of ``cand``'s finished (or stopped) run, appended to ``verdicts.jsonl`` and said."""
     row = {"name": cand.name, "overrides": list(cand.overrides), "flags": list(cand.flags),
            "carried": [*carried.flags, *carried.overrides], "baseline": str(base), "dir": str(out / cand.name),
-           **verdict(out / cand.name, base, plan), "wall_s": round(wall, 1),
+           **verdict(out / cand.name, base, plan), "wall_s": round(wall, 1), **extra,
            "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     _append(out / "verdicts.jsonl", row)
     _say(f"{cand.name}: {describe(row)}")
@@ -759,13 +771,7 @@ def _judge_interleaved(plan: Plan, out: Path, cand: Setting, carried: Setting, b
         if (run / "cv_stopped.json").exists():
             break
     base.unfinished = not (base.dir / "cv_metrics.json").exists()
-    row = {"name": cand.name, "overrides": list(cand.overrides), "flags": list(cand.flags),
-           "carried": [*carried.flags, *carried.overrides], "baseline": str(base.dir), "dir": str(run),
-           **verdict(run, base.dir, plan), "wall_s": round(wall, 1), "interleaved": True,
-           "judged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    _append(out / "verdicts.jsonl", row)
-    _say(f"{cand.name}: {describe(row)}")
-    return row
+    return _record_verdict(plan, out, cand, carried, base.dir, wall, interleaved=True)
 
 
 def _share_pretraining(src_job: Path, dest_job: Path, k: int) -> None:
@@ -780,13 +786,8 @@ def _share_pretraining(src_job: Path, dest_job: Path, k: int) -> None:
     runs_src, runs_dest = fold_folder(src_job, k) / "runs", fold_folder(dest_job, k) / "runs"
     for src in sorted(runs_src.glob("pretrain*")) if runs_src.is_dir() else ():
         dest = runs_dest / src.name
-        if dest.exists() or not src.is_dir() or "." in src.name:  # "pretrain.copying": a copy cut short
-            continue
-        tmp = dest.with_name(dest.name + ".copying")
-        shutil.rmtree(tmp, ignore_errors=True)
-        runs_dest.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(src, tmp, symlinks=True)
-        tmp.rename(dest)
+        if not dest.exists() and src.is_dir() and "." not in src.name:  # "pretrain.copying": a copy cut short
+            _copy_stage(src, dest)
 
 
 def _pooled_figure(row: Dict[str, Any]) -> Tuple[Optional[float], Optional[float]]:
