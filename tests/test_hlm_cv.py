@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -430,6 +431,20 @@ def test_a_run_stopped_beside_an_unfinished_baseline_counts_the_baselines_folds(
     assert "at most 2 of 4" in doc["verdict"]
 
 
+def _refused(args, timeout_s=120):
+    """Runs ``hlmtune cv ARGS`` expecting a refusal; a run that trains instead (a check removed) is killed with its
+    ranks after ``timeout_s`` and fails the test, not the suite's clock."""
+    proc = subprocess.Popen([HLMTUNE, "cv", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"hlmtune cv {' '.join(args)}: still running after {timeout_s} s, not refused")
+    return proc.returncode, err
+
+
 def test_bad_cv_arguments_are_one_line(tmp_path):
     other = tmp_path / "other.json"  # a baseline of other folds: refused before any fold trains
     other.write_text(json.dumps({"folds": [{"held_out": ["x1"]}, {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
@@ -442,23 +457,33 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
     own = tmp_path / "cv" / "cv_metrics.json"  # a finished run's figures: not its own rerun's baseline
     own.parent.mkdir(exist_ok=True)
     own.write_text(json.dumps({"folds": [{"held_out": ["x1"]}, {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
-    for args in (["--folds", "1", "--source", "synthetic"], ["--nproc", "0"], ["notakeyvalue"], ["lora_rank=4"],
-                 ["--calibrate-classes", "N", "X"], ["--baseline", str(tmp_path / "nothere")],
-                 ["--need-folds", "2", "--source", "synthetic", "--folds", "2"],
-                 ["--need-folds", "3", "--folds", "2", "--baseline", str(other)],
-                 ["--baseline", str(own), "--source", "synthetic", "--folds", "2"],
-                 ["--figure", "sv_f1", "--source", "synthetic", "--folds", "2"],  # a figure judges against a baseline
-                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(other)],  # whose folds have no S / V F1
-                 ["--figure", "sv_f1", "--folds", "2", "--baseline", str(junk)],  # or a fold row that is no row
-                 ["--check-pretraining", "--source", "synthetic", "--folds", "2"],  # compared with a baseline
-                 ["--check-pretraining", "--folds", "2", "--baseline", str(other)],  # that names its models
-                 ["--check-pretraining", "--need-folds", "1", "--folds", "2", "--baseline", str(other)],
-                 ["--through-fold", "3", "--source", "synthetic", "--folds", "2"],  # past the last fold
-                 ["--through-fold", "0", "--source", "synthetic", "--folds", "2"],
-                 ["--check-pretraining", "--through-fold", "1", "--folds", "2", "--baseline", str(other)]):
-        proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), *args], capture_output=True, text=True)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    # Each refusal names its own cause: a check removed would let a later one refuse in its place.
+    for args, says in (
+            (["--folds", "1", "--source", "synthetic"], "--folds must be 2..5"),
+            (["--nproc", "0"], "--nproc must be >= 1"),
+            (["notakeyvalue"], "overrides are key=value"),
+            (["lora_rank=4"], "unknown key 'lora_rank'"),
+            (["--calibrate-classes", "N", "X"], "AAMI classes are"),
+            (["--baseline", str(tmp_path / "nothere")], "no cv_metrics.json"),
+            (["--need-folds", "2", "--source", "synthetic", "--folds", "2"], "--need-folds counts folds"),
+            (["--need-folds", "3", "--folds", "2", "--baseline", str(other)], "--need-folds 3: between 1 and"),
+            (["--baseline", str(own), "--source", "synthetic", "--folds", "2"], "this run's own result"),
+            # a figure judges against a baseline, whose folds have S / V F1, in fold rows that are rows
+            (["--figure", "sv_f1", "--source", "synthetic", "--folds", "2"], "--figure sv_f1 is what a comparison"),
+            (["--figure", "sv_f1", "--folds", "2", "--baseline", str(other)], "fold 1 has no S/V F1"),
+            (["--figure", "sv_f1", "--folds", "2", "--baseline", str(junk)], "fold 1 has no S/V F1"),
+            # --check-pretraining compares with a baseline that names its models, and trains no folds
+            (["--check-pretraining", "--source", "synthetic", "--folds", "2"], "give --baseline DIR"),
+            (["--check-pretraining", "--folds", "2", "--baseline", str(other)], "fold 1 names no pretrained model"),
+            (["--check-pretraining", "--need-folds", "1", "--folds", "2", "--baseline", str(other)],
+             "--need-folds has no folds to count"),
+            (["--through-fold", "3", "--source", "synthetic", "--folds", "2"], "--through-fold 3: between 1 and"),
+            (["--through-fold", "0", "--source", "synthetic", "--folds", "2"], "--through-fold 0: between 1 and"),
+            (["--check-pretraining", "--through-fold", "1", "--folds", "2", "--baseline", str(other)],
+             "runs fold 1's pretraining only")):
+        rc, err = _refused(["--out", str(tmp_path / "cv"), *args])
+        assert rc == 2 and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1 and says in err, (args, err)
     assert own.exists()  # the refused run took nothing away
     proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv0"), "--partition", "0", "--source", "synthetic",
                            "--folds", "2"], capture_output=True, text=True)
