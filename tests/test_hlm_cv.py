@@ -432,8 +432,9 @@ def test_a_run_stopped_beside_an_unfinished_baseline_counts_the_baselines_folds(
 
 
 def _refused(args, timeout_s=120):
-    """Runs ``hlmtune cv ARGS`` expecting a refusal; a run that trains instead (a check removed) is killed with its
-    ranks after ``timeout_s`` and fails the test, not the suite's clock."""
+    """Runs ``hlmtune cv ARGS`` expecting a refusal; a run that trains instead (a check removed) is killed after
+    ``timeout_s`` (its process group; the ranks die with their launcher, hlmtune.proc) and fails the test, not the
+    suite's clock."""
     proc = subprocess.Popen([HLMTUNE, "cv", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -448,9 +449,8 @@ def _refused(args, timeout_s=120):
 def test_bad_cv_arguments_are_one_line(tmp_path):
     other = tmp_path / "other.json"  # a baseline of other folds: refused before any fold trains
     other.write_text(json.dumps({"folds": [{"held_out": ["x1"]}, {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
-    proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv"), "--source", "synthetic", "--folds", "2",
-                           "--baseline", str(other)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "fold 1 holds out x1 there" in proc.stderr, proc.stderr
+    rc, err = _refused(["--out", str(tmp_path / "cv"), "--source", "synthetic", "--folds", "2", "--baseline", str(other)])
+    assert rc == 2 and "fold 1 holds out x1 there" in err, err
     assert not (tmp_path / "cv" / "fold1").exists()
     junk = tmp_path / "junk.json"
     junk.write_text(json.dumps({"folds": ["x1", {"held_out": ["x2"]}], "pooled": {}, "classes": []}))
@@ -485,10 +485,9 @@ def test_bad_cv_arguments_are_one_line(tmp_path):
         assert rc == 2 and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1 and says in err, (args, err)
     assert own.exists()  # the refused run took nothing away
-    proc = subprocess.run([HLMTUNE, "cv", "--out", str(tmp_path / "cv0"), "--partition", "0", "--source", "synthetic",
-                           "--folds", "2"], capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "hlmtune cv: --partition 0: 1 (the default folds) or another partition's number >= 2"], proc.stderr
+    rc, err = _refused(["--out", str(tmp_path / "cv0"), "--partition", "0", "--source", "synthetic", "--folds", "2"])
+    assert rc == 2 and err.strip().splitlines() == [
+        "hlmtune cv: --partition 0: 1 (the default folds) or another partition's number >= 2"], err
     assert not (tmp_path / "cv0" / "data").exists()  # refused before the data stage
 
 
