@@ -16,7 +16,7 @@ import pytest
 
 from hlmtune.hlm import calibrate as cal
 from hlmtune.hlm.cv import (
-    baseline_lines, compare_to_baseline, figure_of, make_folds, own_result, pooled_members, pretrain_fingerprints,
+    baseline_lines, compare_to_baseline, figure_of, fold_progress, make_folds, own_result, pooled_members, pretrain_fingerprints,
     FoldResults, pretraining_summary, read_baseline, rejected_by_folds, write_stopped,
 )
 
@@ -166,6 +166,18 @@ def test_a_candidate_is_rejected_as_soon_as_the_fold_count_is_out_of_reach():
     assert not rejected_by_folds([-0.1, -0.1, -0.1], 4, 1) and rejected_by_folds([-0.1] * 4, 4, 1)
 
 
+def test_each_finished_fold_is_logged_with_its_figures_and_beside_the_baseline():
+    row = {"fold": 2, "macro_f1": 0.575, "per_class": {"N": {"f1": 0.96}, "S": {"f1": 0.58}, "V": {"f1": 0.76}}}
+    assert fold_progress(row, 4) == "fold 2 of 4 done: S F1 0.580, V F1 0.760, macro-F1 0.575"
+    base = {"fold": 2, "macro_f1": 0.6, "per_class": {"S": {"f1": 0.6}, "V": {"f1": 0.8}}}
+    line = fold_progress(row, 4, base_row=base, figure="sv_f1", deltas=[0.0, -0.03])  # equal counts as at
+    assert "; S/V F1 (mean of S F1 and V F1) 0.670 vs the baseline's 0.700 (-0.030); " in line
+    assert line.endswith("; 1 of 2 folds so far at or above it")
+    assert "macro-F1 0.575 vs the baseline's 0.600 (-0.025)" in fold_progress(row, 4, base_row=base, deltas=[0.0])
+    with pytest.raises(ValueError, match="fold 2: no S/V F1"):  # a baseline fold without S: named, not a KeyError
+        fold_progress(row, 4, base_row={**base, "per_class": {"V": {"f1": 0.8}}}, figure="sv_f1")
+
+
 def test_a_run_may_not_take_its_own_result_as_baseline(tmp_path):
     out = tmp_path / "cv"
     assert own_result(out, out) and own_result(out / "cv_metrics.json", out)
@@ -260,6 +272,8 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert doc["finetune_examples"] == 48 and "48 fine-tuning examples per fold" in (out / "report.md").read_text()
     assert "on 48 training examples" in proc.stderr
     assert all(set(r["per_class"]) == set(doc["classes"]) for r in doc["folds"])
+    for r in doc["folds"]:  # each fold's figures are in the log as it ends, before the pooled ones
+        assert fold_progress(r, 2) in proc.stderr
     truths, lps = [], []
     for k, held in enumerate(folds, start=1):
         split = json.loads((out / f"fold{k}" / "db" / "splits.json").read_text())
@@ -313,6 +327,8 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
                           text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"against {base}: pooled macro-F1" in proc.stdout and "(+0.000); folds at or above by macro_f1: 2 of 2" in proc.stdout
+    assert "fold 2 of 2 done: " in proc.stderr and proc.stderr.count(" vs the baseline's ") == 2  # each fold beside it
+    assert fold_progress(doc["folds"][1], 2, base_row=doc["folds"][1], deltas=[0.0, 0.0]) in proc.stderr
     # the copy kept its pretrained models: named by the first run's rows, found again in the copy
     assert "same pretrained models in 2 of 2 folds" in proc.stdout
     assert all(len(r["pretrain_sha256"]) == 1 for r in doc["folds"])
@@ -337,6 +353,9 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert proc.stdout.strip().endswith(f"report: {copy / 'report.md'}")
     assert proc.stderr.count("evaluation: finished before with these models, kept") == 1
     assert "fold 2 of 2" not in proc.stderr
+    assert fold_progress(doc["folds"][0], 2, base_row=high["folds"][0],  # fold 1 beside the baseline's, in the log
+                         deltas=[doc["folds"][0]["macro_f1"] - 1.5]).endswith("; 0 of 1 folds so far at or above it")
+    assert fold_progress(doc["folds"][0], 2, base_row=high["folds"][0], deltas=[doc["folds"][0]["macro_f1"] - 1.5]) in proc.stderr
     assert not any((copy / f).exists() for f in ("cv_metrics.json", "calibration.json"))
     stopped = json.loads((copy / "cv_stopped.json").read_text())
     assert stopped["stopped"] and stopped["folds_run"] == 1 and stopped["need_folds"] == 2 and stopped["n_folds"] == 2

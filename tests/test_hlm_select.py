@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -553,6 +554,37 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
         sel.resolve_plan("hlm_smok")
 
 
+def test_a_runs_output_goes_whole_to_its_log_and_its_fold_lines_to_selects_output(tmp_path, capsys):
+    script = ("import sys; w = sys.stdout.write; w('bar 1%\\rbar 50%\\rbar 100%\\n'); "
+              "w('[hlmtune cv] fold 1 of 4 done: S F1 0.500, macro-F1 0.400\\n'); "
+              "w('[hlmtune cv] fold 1 of 4: holding out a b\\n'); sys.exit(3)")
+    log = tmp_path / "cand.log"
+    log.write_text("earlier run\n")
+    assert sel.run_process([sys.executable, "-c", script], dict(os.environ), log) == 3
+    text = log.read_bytes().decode()
+    assert text.startswith("earlier run\n$ ") and text.endswith(  # appended, every byte, \r kept
+        "bar 1%\rbar 50%\rbar 100%\n[hlmtune cv] fold 1 of 4 done: S F1 0.500, macro-F1 0.400\n"
+        "[hlmtune cv] fold 1 of 4: holding out a b\n")
+    assert capsys.readouterr().err == "[hlmtune select] cand: fold 1 of 4 done: S F1 0.500, macro-F1 0.400\n"
+
+
+def test_an_interrupted_select_leaves_no_run_behind(tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    script = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+              "print('[hlmtune cv] fold 1 of 4 done: S F1 0.5', flush=True); time.sleep(120)")
+
+    def interrupted(msg):  # Ctrl-C arriving while select echoes the fold line
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sel, "_say", interrupted)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        sel.run_process([sys.executable, "-c", script], dict(os.environ), tmp_path / "x.log")
+    assert time.monotonic() - t0 < 60  # killed, not waited for (it sleeps 120 s)
+    with pytest.raises(ProcessLookupError):  # and reaped, not left behind
+        os.kill(int(pid_file.read_text()), 0)
+
+
 def test_select_cli_runs_a_plan_on_synthetic_records_and_resumes(tmp_path):
     """The real `hlmtune cv` underneath: a candidate that restates the baseline's value trains the
     same models bit for bit, so it is judged +0.000 in 2 of 2 folds and adopted (min_gain 0)."""
@@ -576,6 +608,11 @@ def test_select_cli_runs_a_plan_on_synthetic_records_and_resumes(tmp_path):
     assert proc.stdout.strip().endswith(f"summary: {out / 'plan.md'}")
     log = (out / "same.log").read_text()
     assert log.count("pretrain: finished before, kept") == 2  # the copy kept the baseline's pretrained models
+    # each fold's line of the runs' cv is in select's own output as the fold ends, the candidate's beside the baseline
+    assert proc.stderr.count("[hlmtune select] baseline: fold ") == 2 and "baseline: fold 2 of 2 done: " in proc.stderr
+    echoed = [ln for ln in proc.stderr.splitlines() if ln.startswith("[hlmtune select] same: fold ")]
+    assert len(echoed) == 2 and echoed[1].endswith("(+0.000); 2 of 2 folds so far at or above it")
+    assert echoed[1].split("same: ", 1)[1] in log  # the same line as cv wrote it
     row = json.loads((out / "verdicts.jsonl").read_text())
     assert row["dir"] == str(out / "same") and row["fold_deltas"] == [0.0, 0.0]
     doc = json.loads((out / "same" / "cv_metrics.json").read_text())

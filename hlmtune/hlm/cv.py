@@ -597,8 +597,8 @@ def run_cv(
                finetune_overrides=finetune_overrides)
     if check_pretraining:
         return check_fold1_pretraining(setup, out, base, source=str(baseline), t0=t0, **job)
-    stop = None if need_folds is None else (base["folds"], need_folds, figure)
-    res = run_folds(setup, out, stop=stop, through=through_fold, **job)
+    res = run_folds(setup, out, base_rows=None if base is None else base["folds"], figure=figure, need=need_folds,
+                    through=through_fold, **job)
     if res.stopped_after is not None:
         return write_stopped(out, res, base, source=str(baseline), need_folds=need_folds, figure=figure,
                              described=setup.described, wall_s=time.perf_counter() - t0,
@@ -708,6 +708,38 @@ def own_result(baseline: Path, out: Path) -> bool:
     """Whether ``baseline`` names ``out`` itself or its ``cv_metrics.json`` (which the run clears)."""
     b, o = baseline.resolve(), out.resolve()
     return b == o or b == o / "cv_metrics.json"
+
+
+def fold_progress(row: Dict[str, Any], n_folds: int, *, base_row: Optional[Dict[str, Any]] = None,
+                  figure: str = "macro_f1", deltas: Sequence[float] = ()) -> str:
+    """The log line of a finished fold: its figures and, beside a baseline, how it compares so far.
+
+    A candidate runs for hours; this line is what a watcher of the log reads between folds (the
+    pooled figures come only when every fold is done).
+
+    Args:
+        row (Dict): the fold's row (``fold``, ``macro_f1``, ``per_class``), as :func:`run_folds` builds it.
+        n_folds (int): K, all folds of the run.
+        base_row (Optional[Dict]): the baseline's row of the same fold; None without a baseline.
+        figure (str): the figure judged (a key of :data:`FIGURES`).
+        deltas (Sequence[float]): the figure's deltas of every fold finished so far, this one included.
+
+    Returns:
+        str: e.g. ``fold 2 of 4 done: S F1 0.579, V F1 0.756, macro-F1 0.575; S/V F1 (mean of S F1
+        and V F1) 0.668 vs the baseline's 0.668 (+0.000); 2 of 2 folds so far at or above it``.
+    """
+    k = row["fold"]
+    f1 = [f"{c} F1 {v['f1']:.3f}" for c, v in (row.get("per_class") or {}).items()
+          if c in ("S", "V") and v.get("f1") is not None]
+    line = f"fold {k} of {n_folds} done: " + ", ".join(f1 + [f"macro-F1 {row['macro_f1']:.3f}"])
+    if base_row is None:
+        return line
+    pair = _figure_pair(row, base_row, figure, f"fold {k}")
+    line += (f"; {FIGURES[figure]} {pair['figure_this']:.3f} vs the baseline's {pair['figure_baseline']:.3f} "
+             f"({pair['figure_delta']:+.3f})")
+    if deltas:
+        line += f"; {sum(d >= 0 for d in deltas)} of {len(deltas)} folds so far at or above it"
+    return line
 
 
 def rejected_by_folds(deltas: Sequence[float], n_folds: int, need: int) -> bool:
@@ -863,16 +895,20 @@ def run_fold(setup: CVSetup, out: Path, k: int, *, note: str = "", **job: Any) -
                         tokens_dir=setup.tokens, svdb=None, job_root=out, **job)
 
 
-def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[str, Any]], int, str]] = None,
-              through: Optional[int] = None, **job: Any) -> FoldResults:
+def run_folds(setup: CVSetup, out: Path, *, base_rows: Optional[Sequence[Dict[str, Any]]] = None,
+              figure: str = "macro_f1", need: Optional[int] = None, through: Optional[int] = None,
+              **job: Any) -> FoldResults:
     """Stage 2: the main job's stages on each fold (its held-out patients as the test split).
 
-    ``stop``: (the baseline's fold rows, folds needed at or above them, the figure compared: a key
-    of :data:`FIGURES`): the folds end as soon as :func:`rejected_by_folds` says the rest cannot
-    change the verdict. ``through``: the folds end after fold ``through`` (``--through-fold``)."""
+    Each fold's figures are logged as it ends (:func:`fold_progress`), beside ``base_rows`` (the
+    baseline's fold rows, judged by ``figure``, a key of :data:`FIGURES`) when given. ``need``
+    (folds needed at or above the baseline; with ``base_rows``): the folds end as soon as
+    :func:`rejected_by_folds` says the rest cannot change the verdict. ``through``: the folds end
+    after fold ``through`` (``--through-fold``)."""
     from hlmtune.hlm.evaluate import headline
 
     res = FoldResults()
+    deltas: List[float] = []
     for k, held in enumerate(setup.parts[:through]):
         report = run_fold(setup, out, k, **job)
         pred = np.load(report.parent / "predictions.npz")
@@ -884,17 +920,20 @@ def run_folds(setup: CVSetup, out: Path, *, stop: Optional[Tuple[Sequence[Dict[s
         metrics = json.loads((report.parent / "metrics.json").read_text())
         res.metrics.append(metrics)
         r = headline(metrics)
-        res.rows.append({"fold": k + 1, "held_out": held, "train": setup.train(k),
-                         "n": r["n"], "macro_f1": r["macro_f1"], "per_class": r["per_class"],
-                         "pretrain_sha256": pretrain_fingerprints(fold_folder(out, k + 1), int(job["pretrainings"]))})
-        if stop is not None:
-            deltas = [_figure_pair(row, b, stop[2], f"fold {row['fold']}")["figure_delta"]
-                      for row, b in zip(res.rows, stop[0])]
-            if k + 1 < len(setup.parts) and rejected_by_folds(deltas, len(setup.parts), stop[1]):
-                _say(f"stopping after fold {k + 1}: {sum(d < 0 for d in deltas)} folds below the baseline, "
-                     f"so fewer than {stop[1]} of {len(setup.parts)} can end at or above it (--need-folds)")
-                res.stopped_after = k + 1
-                break
+        row = {"fold": k + 1, "held_out": held, "train": setup.train(k),
+               "n": r["n"], "macro_f1": r["macro_f1"], "per_class": r["per_class"],
+               "pretrain_sha256": pretrain_fingerprints(fold_folder(out, k + 1), int(job["pretrainings"]))}
+        res.rows.append(row)
+        if base_rows is None:
+            _say(fold_progress(row, len(setup.parts)))
+            continue
+        deltas.append(_figure_pair(row, base_rows[k], figure, f"fold {k + 1}")["figure_delta"])
+        _say(fold_progress(row, len(setup.parts), base_row=base_rows[k], figure=figure, deltas=deltas))
+        if need is not None and k + 1 < len(setup.parts) and rejected_by_folds(deltas, len(setup.parts), need):
+            _say(f"stopping after fold {k + 1}: {sum(d < 0 for d in deltas)} folds below the baseline, "
+                 f"so fewer than {need} of {len(setup.parts)} can end at or above it (--need-folds)")
+            res.stopped_after = k + 1
+            break
     return res
 
 

@@ -324,12 +324,31 @@ def _same_baseline(source: str, base_dir: Path, where: Path) -> None:
         raise ValueError(f"{where}: judged against {source}, but the plan's baseline here is {base_dir}")
 
 
+FOLD_LINE = b"[hlmtune cv] fold "  # cv's line as a fold ends ("... fold 2 of 4 done: S F1 ..."), echoed by select
+
+
 def run_process(cmd: List[str], env: Dict[str, str], log: Path) -> int:
-    """Run one ``hlmtune cv`` with its output appended to ``log``; returns its exit status."""
-    with open(log, "a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
+    """Run one ``hlmtune cv`` with its output appended to ``log``; returns its exit status.
+
+    Every byte goes to the log as it comes (progress bars' carriage returns included); cv's line at
+    the end of each fold is also echoed on select's stderr, so a plan's own output says how a
+    candidate stands between its verdicts (hours apart on 2 cores).
+    """
+    with open(log, "ab") as f:
+        f.write(f"$ {' '.join(cmd)}\n".encode())
         f.flush()
-        return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]  # split at \n only: a bar's \r stays in its line
+                f.write(line)
+                f.flush()
+                if line.startswith(FOLD_LINE) and b" done: " in line:
+                    _say(f"{log.stem}: {line[len(b'[hlmtune cv] '):].decode(errors='replace').strip()}")
+            return proc.wait()
+        except BaseException:  # as subprocess.run does: an interrupted select leaves no cv behind
+            proc.kill()
+            proc.wait()
+            raise
 
 
 def cv_command(plan: Plan, out: Path, setting: Setting, carried: Setting, base: Optional[Path],
