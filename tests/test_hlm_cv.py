@@ -16,7 +16,7 @@ import pytest
 
 from hlmtune.hlm import calibrate as cal
 from hlmtune.hlm.cv import (
-    baseline_lines, compare_to_baseline, figure_of, fold_progress, make_folds, own_result, pooled_members, pretrain_fingerprints,
+    baseline_lines, compare_to_baseline, figure_of, fold_progress, fold_progress_in, make_folds, own_result, pooled_members, pretrain_fingerprints,
     FoldResults, pretraining_summary, read_baseline, rejected_by_folds, write_stopped,
 )
 
@@ -174,6 +174,9 @@ def test_each_finished_fold_is_logged_with_its_figures_and_beside_the_baseline()
     assert "; S/V F1 (mean of S F1 and V F1) 0.670 vs the baseline's 0.700 (-0.030); " in line
     assert line.endswith("; 1 of 2 folds so far at or above it")
     assert "macro-F1 0.575 vs the baseline's 0.600 (-0.025)" in fold_progress(row, 4, base_row=base, deltas=[0.0])
+    # the line select echoes is found in cv's log by cv's own reader, and only that line
+    assert fold_progress_in(f"[hlmtune cv] {line}\n") == line and fold_progress_in(line) is None
+    assert fold_progress_in("[hlmtune cv] fold 2 of 4: holding out a b") is None
     with pytest.raises(ValueError, match="fold 2: no S/V F1"):  # a baseline fold without S: named, not a KeyError
         fold_progress(row, 4, base_row={**base, "per_class": {"V": {"f1": 0.8}}}, figure="sv_f1")
 
@@ -353,9 +356,8 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert proc.stdout.strip().endswith(f"report: {copy / 'report.md'}")
     assert proc.stderr.count("evaluation: finished before with these models, kept") == 1
     assert "fold 2 of 2" not in proc.stderr
-    assert fold_progress(doc["folds"][0], 2, base_row=high["folds"][0],  # fold 1 beside the baseline's, in the log
-                         deltas=[doc["folds"][0]["macro_f1"] - 1.5]).endswith("; 0 of 1 folds so far at or above it")
-    assert fold_progress(doc["folds"][0], 2, base_row=high["folds"][0], deltas=[doc["folds"][0]["macro_f1"] - 1.5]) in proc.stderr
+    beside = fold_progress(doc["folds"][0], 2, base_row=high["folds"][0], deltas=[doc["folds"][0]["macro_f1"] - 1.5])
+    assert beside.endswith("; 0 of 1 folds so far at or above it") and beside in proc.stderr  # fold 1 beside the baseline's
     assert not any((copy / f).exists() for f in ("cv_metrics.json", "calibration.json"))
     stopped = json.loads((copy / "cv_stopped.json").read_text())
     assert stopped["stopped"] and stopped["folds_run"] == 1 and stopped["need_folds"] == 2 and stopped["n_folds"] == 2

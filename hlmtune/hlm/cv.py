@@ -65,8 +65,11 @@ CLASSES_BALANCED = ("S", "V")  # spread evenly over folds, rarest first: the cla
 FIGURES = {"macro_f1": "macro-F1", "sv_f1": "S/V F1 (mean of S F1 and V F1)"}
 
 
+LOG_PREFIX = "[hlmtune cv] "  # every line cv logs starts so (select finds the fold lines by it)
+
+
 def _say(msg: str) -> None:
-    print(f"[hlmtune cv] {msg}", file=sys.stderr, flush=True)
+    print(f"{LOG_PREFIX}{msg}", file=sys.stderr, flush=True)
 
 
 def training_pool(db: Path, ds1: Sequence[str], extra_db: Optional[Path]) -> Dict[str, Path]:
@@ -740,6 +743,15 @@ def fold_progress(row: Dict[str, Any], n_folds: int, *, base_row: Optional[Dict[
     if deltas:
         line += f"; {sum(d >= 0 for d in deltas)} of {len(deltas)} folds so far at or above it"
     return line
+
+
+def fold_progress_in(line: str) -> Optional[str]:
+    """The :func:`fold_progress` message a line of cv's log carries (without the log prefix), else None."""
+    msg = line.strip()
+    if not msg.startswith(LOG_PREFIX):
+        return None
+    msg = msg[len(LOG_PREFIX):]
+    return msg if msg.startswith("fold ") and " done: " in msg else None
 
 
 def rejected_by_folds(deltas: Sequence[float], n_folds: int, need: int) -> bool:

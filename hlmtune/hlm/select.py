@@ -73,7 +73,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hlmtune.hlm.cv import FIGURES, figure_of
+from hlmtune.hlm.cv import FIGURES, figure_of, fold_progress_in
 from hlmtune.training.options import closest
 
 PLANS_DIR = Path(__file__).parent / "plans"
@@ -324,9 +324,6 @@ def _same_baseline(source: str, base_dir: Path, where: Path) -> None:
         raise ValueError(f"{where}: judged against {source}, but the plan's baseline here is {base_dir}")
 
 
-FOLD_LINE = b"[hlmtune cv] fold "  # cv's line as a fold ends ("... fold 2 of 4 done: S F1 ..."), echoed by select
-
-
 def run_process(cmd: List[str], env: Dict[str, str], log: Path) -> int:
     """Run one ``hlmtune cv`` with its output appended to ``log``; returns its exit status.
 
@@ -342,8 +339,9 @@ def run_process(cmd: List[str], env: Dict[str, str], log: Path) -> int:
             for line in proc.stdout:  # type: ignore[union-attr]  # split at \n only: a bar's \r stays in its line
                 f.write(line)
                 f.flush()
-                if line.startswith(FOLD_LINE) and b" done: " in line:
-                    _say(f"{log.stem}: {line[len(b'[hlmtune cv] '):].decode(errors='replace').strip()}")
+                fold = fold_progress_in(line.decode(errors="replace"))
+                if fold is not None:
+                    _say(f"{log.stem}: {fold}")
             return proc.wait()
         except BaseException:  # as subprocess.run does: an interrupted select leaves no cv behind
             proc.kill()
