@@ -48,6 +48,42 @@ def die_with_parent(sig: int = signal.SIGKILL, expected_parent: Optional[int] = 
     return True
 
 
+def child_dies_with_us(sig: int = signal.SIGKILL) -> Optional[Callable[[], None]]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets ``sig`` when this process ends.
+
+    A driver that starts a long child (``hlmtune select`` its ``hlmtune cv``, ``cv`` and ``demo``
+    their training stages) and is killed would otherwise leave that child training on, and the
+    child's own children (torchrun's agent, then the ranks, which die with the agent: see
+    :func:`die_with_parent`). Armed in every link, killing the top process ends the whole chain.
+
+    The function runs in the child between fork and exec, so it only calls a ``prctl`` looked up
+    here, in the parent (no import or library load after fork). The kernel signals the child when
+    the *thread* that forked it exits: call ``Popen`` from the thread that lives as long as the
+    process (the main thread, as every caller here does).
+
+    Args:
+        sig (int): signal the child gets (SIGKILL: a child that traps SIGTERM still dies).
+
+    Returns:
+        Optional[Callable[[], None]]: the ``preexec_fn``, or None off Linux (no prctl), where the
+        child outlives a killed parent as before.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent, code = os.getpid(), int(sig)
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, code, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl: no signal would come
+            os.kill(os.getpid(), code)
+
+    return arm
+
+
 def launcher_pid() -> Optional[int]:
     """The launcher's pid that ``hlmtune run`` exported (None when started otherwise)."""
     try:

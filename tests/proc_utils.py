@@ -30,3 +30,38 @@ def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie is not running)."""
     fields = _stat_fields(pid)
     return bool(fields) and fields[0] != "Z"
+
+
+def child_outlives_a_killed_parent(tmp_path: Path, call: str, timeout_s: float = 10.0) -> bool:
+    """Kill -9 a Python process while ``call`` runs a sleeping child in it; True if the child lives on.
+
+    ``call`` is Python source run in the parent with ``CMD`` (the child's argv) and ``LOG`` (a path
+    under ``tmp_path``) defined, e.g. ``"from hlmtune.hlm import select; select.run_process(CMD, {}, LOG)"``.
+    The child is killed here in any case, so a failing test leaves nothing behind.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"]
+    code = f"import os, sys; from pathlib import Path; CMD = {child!r}; LOG = Path({str(tmp_path / 'child.log')!r}); {call}"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text()) and parent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not (pid_file.exists() and pid_file.read_text()):
+        parent.kill()
+        raise AssertionError(f"the child never started: {parent.communicate()[1][-2000:]!r}")
+    pid = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + timeout_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lived = alive(pid)
+    if lived:
+        os.kill(pid, signal.SIGKILL)
+    return lived

@@ -483,3 +483,11 @@ def test_stage_report_alone_writes_every_section(tmp_path):
                     "data 1 | total 9"):
         assert section in text, section
     assert json.loads((tmp_path / "report" / "timings.json").read_text()) == {"data": 1.0, "total": 9.0}
+
+
+def test_a_killed_cv_or_demo_takes_its_training_stage_along(tmp_path):
+    """kill -9 of the driver while a stage trains: the stage dies too (and its ranks with their launcher)."""
+    from proc_utils import child_outlives_a_killed_parent
+
+    assert not child_outlives_a_killed_parent(
+        tmp_path, "from hlmtune.hlm import pipeline; pipeline._run(CMD, dict(os.environ), LOG)")

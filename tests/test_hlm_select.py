@@ -669,3 +669,11 @@ def test_a_job_stops_before_a_candidate_once_its_plan_file_holds_other_runs(tmp_
     rows = sel.run_plan(sel.load_plan(path), out, runner=fake)
     assert [r["name"] for r in rows] == ["good", "new", "small", "early"]
     assert "d=1" in fake.calls[2][0] and "c=1" in fake.calls[3][0]
+
+
+def test_a_killed_select_takes_its_cv_along(tmp_path):
+    """kill -9 of select (no handler runs, unlike Ctrl-C above): its cv dies too (hlmtune.proc)."""
+    from proc_utils import child_outlives_a_killed_parent
+
+    assert not child_outlives_a_killed_parent(
+        tmp_path, "from hlmtune.hlm import select; select.run_process(CMD, dict(os.environ), LOG)")

@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hlmtune.helpformat import DefaultsHelpFormatter
 from hlmtune.files import OutputPathError
+from hlmtune.proc import child_dies_with_us
 from hlmtune.ecg_tokenizer.splits import SplitError, load_split_file
 
 COLLECTOR = "hlmtune.profiling.collector.CollectorLogger"
@@ -165,7 +166,9 @@ def _run(cmd: List[str], env: Dict[str, str], log: Path) -> None:
     """Run one training stage; its progress bar goes to the terminal, everything to ``log``."""
     _say("$ " + " ".join(cmd))
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        # a killed cv or demo takes its stage along (and the stage its ranks: hlmtune.proc)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                preexec_fn=child_dies_with_us())
         assert proc.stdout is not None
         for line in proc.stdout:
             f.write(line)

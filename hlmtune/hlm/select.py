@@ -74,6 +74,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from hlmtune.hlm.cv import FIGURES, figure_of, fold_progress_in
+from hlmtune.proc import child_dies_with_us
 from hlmtune.training.options import closest
 
 PLANS_DIR = Path(__file__).parent / "plans"
@@ -334,7 +335,9 @@ def run_process(cmd: List[str], env: Dict[str, str], log: Path) -> int:
     with open(log, "ab") as f:
         f.write(f"$ {' '.join(cmd)}\n".encode())
         f.flush()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # a killed select (kill PID, no handler runs) takes its cv, and cv its stages, along
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                preexec_fn=child_dies_with_us())
         try:
             for line in proc.stdout:  # type: ignore[union-attr]  # split at \n only: a bar's \r stays in its line
                 f.write(line)
