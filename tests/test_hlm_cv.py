@@ -450,6 +450,12 @@ def test_a_run_stopped_beside_an_unfinished_baseline_counts_the_baselines_folds(
     doc = json.loads((tmp_path / "cv_stopped.json").read_text())
     assert doc["n_folds"] == 4 and doc["folds_run"] == 2 and doc["folds_below"] == 2
     assert "at most 2 of 4" in doc["verdict"]
+    assert "Folds 3-4 were not run with these settings" in (tmp_path / "report.md").read_text()
+    res.rows.append({**row, "fold": 3})
+    write_stopped(tmp_path, res, {**base, "folds": base["folds"] * 2}, source="b", need_folds=3, described="x",
+                  wall_s=1.0, finetune_overrides=[], figure="sv_f1")
+    assert "after fold 3 of 4 (`--need-folds 3`): not a complete cross-validation.** Fold 4 was not run with" in \
+        (tmp_path / "report.md").read_text()
 
 
 def _refused(args, timeout_s=120):

@@ -791,7 +791,8 @@ def write_stopped(out: Path, res: "FoldResults", base: Dict[str, Any], *, source
     atomic_write_bytes(out / "cv_stopped.json", (json.dumps(doc, indent=1) + "\n").encode())
     lines = [
         f"**STOPPED after fold {k} of {n} (`--need-folds {need_folds}`): not a complete cross-validation.** "
-        f"Folds {k + 1}-{n} were not run with these settings; no pooled figures exist. DS2 was not read.",
+        f"{f'Fold {n} was' if k + 1 == n else f'Folds {k + 1}-{n} were'} not run with these settings; no pooled "
+        "figures exist. DS2 was not read.",
         "",
         f"# HLM cross-validation against `{source}`: {doc['verdict']}",
         "",
