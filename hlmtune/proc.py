@@ -10,6 +10,7 @@ kernel to signal a process when the thread that created it exits, whatever kille
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -34,21 +35,32 @@ def die_with_parent(sig: int = signal.SIGKILL, expected_parent: Optional[int] = 
     Returns:
         bool: True when the signal is armed (Linux), False where prctl is unavailable.
     """
+    prctl = _prctl()
+    return prctl is not None and _arm(prctl, sig, expected_parent)
+
+
+def _prctl() -> Optional[Callable[..., int]]:
+    """libc's ``prctl`` (None off Linux, or where it cannot be found)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            return False
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
+        return None
+
+
+def _arm(prctl: Callable[..., int], sig: int, expected_parent: Optional[int]) -> bool:
+    """Arm the parent-death signal with ``prctl``; send ``sig`` now if the parent is already gone."""
+    code = int(sig)
+    if prctl(PR_SET_PDEATHSIG, code, 0, 0, 0) != 0:
         return False
     ppid = os.getppid()
     if ppid == 1 or (expected_parent is not None and ppid != expected_parent):
-        os.kill(os.getpid(), sig)
+        os.kill(os.getpid(), code)
     return True
 
 
-def child_dies_with_us(sig: int = signal.SIGKILL) -> Optional[Callable[[], None]]:
+def child_dies_with_us(sig: int = signal.SIGKILL) -> Optional[Callable[[], bool]]:
     """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets ``sig`` when this process ends.
 
     A driver that starts a long child (``hlmtune select`` its ``hlmtune cv``, ``cv`` and ``demo``
@@ -65,23 +77,13 @@ def child_dies_with_us(sig: int = signal.SIGKILL) -> Optional[Callable[[], None]
         sig (int): signal the child gets (SIGKILL: a child that traps SIGTERM still dies).
 
     Returns:
-        Optional[Callable[[], None]]: the ``preexec_fn``, or None off Linux (no prctl), where the
+        Optional[Callable[[], bool]]: the ``preexec_fn``, or None off Linux (no prctl), where the
         child outlives a killed parent as before.
     """
-    if not sys.platform.startswith("linux"):
+    prctl = _prctl()  # looked up here: the child then loads nothing between fork and exec
+    if prctl is None:
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent, code = os.getpid(), int(sig)
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, code, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died between fork and prctl: no signal would come
-            os.kill(os.getpid(), code)
-
-    return arm
+    return functools.partial(_arm, prctl, sig, os.getpid())  # a new parent pid in the child: died before prctl
 
 
 def launcher_pid() -> Optional[int]:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import List
 
@@ -39,12 +44,6 @@ def child_outlives_a_killed_parent(tmp_path: Path, call: str, timeout_s: float =
     under ``tmp_path``) defined, e.g. ``"from hlmtune.hlm import select; select.run_process(CMD, {}, LOG)"``.
     The child is killed here in any case, so a failing test leaves nothing behind.
     """
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     pid_file = tmp_path / "child.pid"
     child = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"]
     code = f"import os, sys; from pathlib import Path; CMD = {child!r}; LOG = Path({str(tmp_path / 'child.log')!r}); {call}"
