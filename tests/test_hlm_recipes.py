@@ -98,6 +98,8 @@ def test_lora_learns_classes_and_eval_has_every_field(shards, lora_run, tmp_path
     assert (tmp_path / "eval" / "confusion.png").stat().st_size > 1000
     report = (tmp_path / "eval" / "report.md").read_text()
     assert report.startswith("**Inter-patient evaluation") and "de Chazal et al. 2004" in report
+    assert "reference annotations' R-peak positions" in m["notice"] and "QRS detector" not in report
+    assert m["beats"] == {"positions": "annotations"}
     # per record: test patients only, their confusions adding up to the whole; predictions.npz
     # names the record of each beat
     import numpy as np
@@ -340,6 +342,39 @@ def test_eval_on_a_folder_of_another_rate_and_database_and_its_refusals(shards, 
     bad = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--test-records", str(copy),
                           "--out", str(tmp_path / "bad")], capture_output=True, text=True)
     assert bad.returncode == 2 and f"same signal as test records ({rec} = copydb/{rec})" in bad.stderr, bad.stderr
+
+
+def test_eval_on_detected_beats_scores_every_reference_beat_once(shards, lora_run, tmp_path):
+    """--beats detector through the CLI: the test records tokenized again with the gqrs detector's
+    beats; every scored reference beat is classified once or missed (the "no beat" column), every
+    detection without a reference beat is an extra (the "no beat" row), and the report says so."""
+    import numpy as np
+
+    out = tmp_path / "eval"
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--beats", "detector", "--out", str(out)],
+                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    b = m["beats"]
+    assert (b["positions"], b["detector"], b["window_s"]) == ("detector", "gqrs", 0.15)
+    assert b["sensitivity"] > 0.9 and b["positive_predictivity"] > 0.9, b  # gqrs finds these records' beats
+    r = m["results"][m["result"]]
+    c = len(m["classes"])
+    conf = np.array(r["confusion"])  # (C + 1, C + 1): truth x prediction, index C = "no beat"
+    assert conf.shape == (c + 1, c + 1) and conf[c, c] == 0
+    assert conf[:c, c].sum() == b["missed"] and conf[:c, :c].sum() == b["matched"]
+    assert conf[c, :c].sum() == b["extra"]
+    # the same stretch of the same records as the annotation-mode test set (the test shards' sampto):
+    # as many reference beats of the scored classes, up to a beat or two at each record edge
+    from hlmtune.ecg_tokenizer.shards import read_manifest
+
+    test = [x for x in read_manifest(Path(shards["shards"]))["records"] if x["record"] in shards["test"]]
+    annotated = sum(x["label_counts"].get(k, 0) for x in test for k in m["classes"])
+    assert abs(b["matched"] + b["missed"] - annotated) <= 2 * len(test), (b, annotated)
+    assert "beats found by the gqrs QRS detector, matched to the reference beats within 150 ms" in m["notice"]
+    found = f"the gqrs QRS detector found {b['matched']} of the {b['matched'] + b['missed']} reference beats"
+    assert found in (out / "report.md").read_text().split("\n## ", 1)[0]  # above the tables
+    assert (out / "confusion.csv").read_text().splitlines()[0].endswith(",no beat")
 
 
 def test_the_header_describes_what_the_run_trained_on_not_the_override(shards, lora_run, tmp_path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hlmtune.ecg_tokenizer.labels import MITDB_DS1, MITDB_DS2
-from hlmtune.hlm.report import BASELINES, baseline_table, held_out_described, trained_on
+from hlmtune.hlm.report import BASELINES, baseline_table, detector_summary, held_out_described, trained_on
 
 
 def test_a_cv_fold_header_does_not_call_its_held_out_patients_mitdb_ds2():
@@ -32,3 +32,12 @@ def test_the_baseline_table_prints_the_papers_figures_exactly():
     assert "| de Chazal et al. 2004 (linear discriminants) | 75.9 | 38.5 | - | 77.7 | 81.9 | - |" in table
     assert "| Niu et al. 2020 (symbolized beats + CNN) | - | - | 0.766 | - | - | 0.897 |" in table
     assert len(BASELINES) == 3
+
+
+def test_the_detector_summary_states_its_counts_and_how_they_are_scored():
+    beats = {"positions": "detector", "detector": "xqrs", "matched": 3, "missed": 1, "extra": 2, "window_s": 0.15,
+             "sensitivity": 0.75, "positive_predictivity": 0.6}
+    text = detector_summary(beats)
+    assert text.startswith("Beats: the xqrs QRS detector found 3 of the 4 reference beats of the scored classes "
+                           "within 150 ms (Se 75.0 %) and made 2 detections with no reference beat (+P 60.0 %).")
+    assert '"no beat" column' in text and '"no beat" row' in text

@@ -15,6 +15,9 @@ and:
 
 Beats whose window leaves the record (the first and last fraction of a second) are not
 classified in either mode; a reference beat whose only detection sits there is left out too.
+Both modes read the same stretch of the same lead: the detector's shards take the test shards'
+record options (lead, its fallback, annotation file, ``sampto``), and the reference beats are
+read with them.
 """
 
 from __future__ import annotations
@@ -80,13 +83,20 @@ def match_beats(reference: np.ndarray, detected: np.ndarray, kept: np.ndarray,
     return det_ref, missed, left_out
 
 
+def _reading_options(manifest: Dict[str, Any]) -> Dict[str, Any]:
+    """The record options of a shard set that choose which samples of which lead are read."""
+    opts = manifest.get("options") or {}
+    return {"lead": opts.get("lead", "MLII"), "lead_fallback": opts.get("lead_fallback", "first"),
+            "annotation_ext": opts.get("annotation_ext", "atr"), "sampto": opts.get("sampto")}
+
+
 def detector_matching(detector_manifest: Dict[str, Any], *, class_ids: Sequence[int],
                       placeholder: int, label_mode: str, window_s: float) -> Matching:
     """Labels, extras and misses of every test record (see the module docstring).
 
     Args:
         detector_manifest (Dict[str, Any]): the test records tokenized with detector beats (``source``
-            of each: where their reference annotations are read).
+            of each: where their reference annotations are read; ``options``: which lead and samples).
         class_ids (Sequence[int]): the run's target classes (others are neither scored nor missed).
         placeholder (int): a target class id given to extra detections (never read: they score as "no beat").
         label_mode (str): the tokenizer's label mode.
@@ -100,13 +110,15 @@ def detector_matching(detector_manifest: Dict[str, Any], *, class_ids: Sequence[
 
     to_class = symbol_to_class(label_mode)
     wanted = set(int(c) for c in class_ids)
+    reading = _reading_options(detector_manifest)
     out = Matching()
     tp = fn = fp = 0
     d = Path(detector_manifest["_dir"])
     for meta in detector_manifest["records"]:
         rid = meta["record"]
         src = Path(meta["source"])
-        ref = load_record(src.parent, src.name, use_annotations=True, on_unknown_symbols="drop")
+        ref = load_record(src.parent, src.name, **reading, use_annotations=True, on_unknown_symbols="drop",
+                          hash_inputs=False)
         ref_cls = np.array([to_class[BEAT_SYMBOLS[int(c)]] for c in ref.beat_symbols], np.int64)
         table = np.load(d / meta["outputs"]["beats"]["file"])
         # every detection, kept (tokenized) or not: the beat table holds the kept ones
@@ -131,7 +143,8 @@ def detector_matching(detector_manifest: Dict[str, Any], *, class_ids: Sequence[
 
 
 def detector_shards(test_manifest: Dict[str, Any], test_ids: Sequence[str], out: Path, *, detector: str) -> Path:
-    """Tokenize the test records again with beats from ``detector`` (ids kept); returns the shards' folder.
+    """Tokenize the test records again with beats from ``detector`` (ids kept, the test shards' lead
+    and ``sampto``); returns the shards' folder.
 
     Raises:
         FileNotFoundError: a record whose WFDB files are not where its shards say (older shards
@@ -153,8 +166,8 @@ def detector_shards(test_manifest: Dict[str, Any], test_ids: Sequence[str], out:
     sources = [RecordSource(Path(folder), db or None, names) for (folder, db), names in groups.items()]
     dest = out / f"test_tokens_{detector}"
     summary = tokenize_sources(sources, dest, params=TokenizerParams.from_dict(test_manifest["params"]),
-                               options=RecordOptions(use_annotations=False, detector=detector, detector_check=False,
-                                                     on_unknown_symbols="drop"),
+                               options=RecordOptions(**_reading_options(test_manifest), use_annotations=False,
+                                                     detector=detector, detector_check=False, on_unknown_symbols="drop"),
                                workers=1, progress=False)
     if not summary.ok:
         raise RuntimeError("--beats detector: records the detector run failed on:\n" + summary.format())

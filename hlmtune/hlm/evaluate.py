@@ -36,6 +36,8 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from hlmtune.hlm.detection import NO_BEAT
+
 # Figures and report rendering live in their own modules; their names are importable from here too.
 from hlmtune.hlm.metrics import (  # noqa: F401
     PREMATURE_RATIO, TIMING_BUCKETS, by_timing, class_metrics, confusion_matrix, per_record, summarize,
@@ -665,7 +667,7 @@ def write_outputs(out: Path, metrics: Dict[str, Any], test: EvalSet, rows: List[
     atomic_write_bytes(out / "metrics.json", (json.dumps(metrics, indent=1, sort_keys=True) + "\n").encode())
     text = io.StringIO()
     w = csv.writer(text)
-    labels = [*test.classes, *(["no beat"] if test.no_beat else [])]  # detector mode: missed / extra beats
+    labels = [*test.classes, *([NO_BEAT] if test.no_beat else [])]  # detector mode: missed / extra beats
     w.writerow(["true \\ predicted", *labels])
     for c, row in zip(labels, first["confusion"]):
         w.writerow([c, *row])

@@ -184,6 +184,17 @@ def plot_confusion(m: List[List[int]], classes: Sequence[str], path: Path, title
     atomic_write_bytes(path, buf.getvalue())
 
 
+def detector_summary(beats: Dict[str, Any]) -> str:
+    """What the QRS detector of ``--beats detector`` found (``metrics.json``'s ``beats``), and how it is scored."""
+    found = beats["matched"] + beats["missed"]
+    return (f"Beats: the {beats['detector']} QRS detector found {beats['matched']} of the {found} reference beats of "
+            f"the scored classes within {beats['window_s'] * 1000:.0f} ms (Se {_fmt(beats['sensitivity'])} %) and "
+            f"made {beats['extra']} detections with no reference beat (+P {_fmt(beats['positive_predictivity'])} %). "
+            "A missed beat counts against its class's Se (the \"no beat\" column of the confusion matrix), an extra "
+            "detection against the +P of the class it was given (the \"no beat\" row); a reference beat found only "
+            "at a record edge, where no window fits, is left out.")
+
+
 def eval_report_markdown(metrics: Dict[str, Any], *, title: str, model_runs: Sequence[Path]) -> str:
     """``report.md`` of ``hlmtune eval`` from its ``metrics.json`` content.
 
@@ -203,6 +214,8 @@ def eval_report_markdown(metrics: Dict[str, Any], *, title: str, model_runs: Seq
     if dropped:
         md += [f"Test records: {dropped} beat annotations dropped when tokenizing them (at record edges, outside "
                "the signal, or symbols outside the WFDB table); see the test shards' manifest.", ""]
+    if (metrics.get("beats") or {}).get("positions") == "detector":
+        md += [detector_summary(metrics["beats"]), ""]
     for name in metrics["row_order"]:
         r = results[name]
         md += [f"## {name}", "", class_table(r), "",
