@@ -51,7 +51,6 @@ def _hand_built_record(folder, name, samples, symbols, fs=360, seconds=10):
     return folder / name
 
 
-
 def _detector_manifest(folder, records):
     """What ``detector_shards`` writes, reduced to what the matching reads: per record (id, WFDB
     source, kept detection samples, dropped detection samples)."""

@@ -84,10 +84,12 @@ def match_beats(reference: np.ndarray, detected: np.ndarray, kept: np.ndarray,
 
 
 def _reading_options(manifest: Dict[str, Any]) -> Dict[str, Any]:
-    """The record options of a shard set that choose which samples of which lead are read."""
-    opts = manifest.get("options") or {}
-    return {"lead": opts.get("lead", "MLII"), "lead_fallback": opts.get("lead_fallback", "first"),
-            "annotation_ext": opts.get("annotation_ext", "atr"), "sampto": opts.get("sampto")}
+    """The record options of a shard set that choose which samples of which lead are read
+    (:class:`~hlmtune.ecg_tokenizer.pipeline.RecordOptions`' defaults where its manifest has none)."""
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions
+
+    default, opts = RecordOptions(), manifest.get("options") or {}
+    return {k: opts.get(k, getattr(default, k)) for k in ("lead", "lead_fallback", "annotation_ext", "sampto")}
 
 
 def detector_matching(detector_manifest: Dict[str, Any], *, class_ids: Sequence[int],

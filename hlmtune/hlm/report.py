@@ -10,6 +10,7 @@ import io
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from hlmtune.hlm.detection import NO_BEAT
 from hlmtune.hlm.metrics import PREMATURE_RATIO
 
 # Published inter-patient results on MIT-BIH DS2 (train DS1), as the papers state them.
@@ -190,9 +191,9 @@ def detector_summary(beats: Dict[str, Any]) -> str:
     return (f"Beats: the {beats['detector']} QRS detector found {beats['matched']} of the {found} reference beats of "
             f"the scored classes within {beats['window_s'] * 1000:.0f} ms (Se {_fmt(beats['sensitivity'])} %) and "
             f"made {beats['extra']} detections with no reference beat (+P {_fmt(beats['positive_predictivity'])} %). "
-            "A missed beat counts against its class's Se (the \"no beat\" column of the confusion matrix), an extra "
-            "detection against the +P of the class it was given (the \"no beat\" row); a reference beat found only "
-            "at a record edge, where no window fits, is left out.")
+            f"A missed beat counts against its class's Se (the \"{NO_BEAT}\" column of the confusion matrix), an "
+            f"extra detection against the +P of the class it was given (the \"{NO_BEAT}\" row); a reference beat "
+            "found only at a record edge, where no window fits, is left out.")
 
 
 def eval_report_markdown(metrics: Dict[str, Any], *, title: str, model_runs: Sequence[Path]) -> str:
