@@ -15,8 +15,10 @@ test set of ``hlmtune eval`` and its reports read the prompt through this module
 
 The prompt of one target beat ``i``::
 
-    <bos> [t...t] rr(i-C) ... rr(i-1)  <sep> rr(i) q...q  [rr(i+1)]  <beat?>  LABEL  <eos>
-          template context: RR bins    the target beat   following RR answer (trained on)
+    <bos> [t...t] rr(i-C) ... rr(i-1)  <sep> rr(i) q...q [v...v]  [rr(i+1)]  <beat?>  LABEL  <eos>
+          template context: RR bins    the target beat           following RR answer (trained on)
+
+(``v...v``: the second lead's samples of the target beat, with ``second_lead``.)
 
 No label enters it: the template is a label-free median of earlier beats, the context holds
 RR bins only, and the class token comes after ``<beat?>``.
@@ -152,6 +154,13 @@ class BeatPromptOptions:
             (``beat - template`` in mV, quantized again; needs ``template_beats``).
         show_template (bool): the template opens the prompt (False: it only serves
             ``template_delta``; needs ``template_beats``).
+        second_lead (int): 0 = off; else this many samples of the second lead around the target's
+            R peak (R at 0.4 of them: 32 = -0.10 s .. +0.15 s at 128 Hz, the QRS complex) follow the
+            first lead's samples in the beat block: with ``template_delta`` as the beat minus the
+            second lead's own template (median of the same earlier beats), with
+            ``normalize_amplitude`` at that lead's own scale, and every training variation of the
+            beat (gain, shift, stretch, the previous or the template beat in its place) applied
+            alike. Needs shards with the second lead (``hlmtune tokenize --second-lead``).
         augment (bool): training only: per example a random gain (0.7..1.4, log-uniform) of the
             beat and template and a crop shift of +-2 samples.
         template_swap (float): training only: probability that an N or S example shows the
@@ -191,6 +200,7 @@ class BeatPromptOptions:
     template_beats: int = 0
     template_delta: bool = False
     show_template: bool = True
+    second_lead: int = 0
     augment: bool = False
     template_swap: float = 0.0
     previous_swap: float = 0.0
@@ -226,6 +236,9 @@ class BeatPromptOptions:
         _unit("previous_swap", self.previous_swap)
         if self.template_delta and not self.template_beats:
             raise ValueError("template_delta shows the beat minus the patient's template: it needs template_beats > 0")
+        if not (int(self.second_lead) == 0 or 8 <= int(self.second_lead) <= 1024):
+            raise ValueError(f"second_lead must be 0 (off) or the second lead's samples shown (8..the shards' window), "
+                             f"got {self.second_lead}")
         if not self.show_template and not self.template_beats:
             raise ValueError("show_template: False hides the template of template_beats; with template_beats 0 there is none")
         _unit("premature_synth", self.premature_synth)

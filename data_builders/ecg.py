@@ -282,6 +282,37 @@ def _crop(params: TokenizerParams, beat_samples: Optional[int]) -> Tuple[int, in
     return n, min(max(0, params.pre - n // 3), w - n)
 
 
+def _crop_second(params: TokenizerParams, samples: int) -> Tuple[int, int]:
+    """(second-lead samples shown, offset of the first in the tokenizer's window): R at 0.4 of them."""
+    w, n = int(params.window), int(samples)
+    if not 8 <= n <= w:
+        raise ValueError(f"second_lead must be 8..{w} (the shards' samples per beat), got {samples}")
+    return n, int(np.clip(int(params.pre) - round(0.4 * n), 0, w - n))
+
+
+def lead_amplitude_lut(windows: np.ndarray, vocab: Vocabulary, target_mv: float = 1.0) -> np.ndarray:
+    """Token map that rescales a record's second lead so its median QRS amplitude is ``target_mv``.
+
+    :func:`amplitude_lut`'s rule for a lead whose beats are not aligned on their own R peak (the
+    positions are the first lead's): per beat the largest ``|mV|`` within 50 ms of the R position
+    (V1's deep S wave, a V5 R wave), the median over the record's beats, the factor clipped to 0.25..4.
+
+    Args:
+        windows (np.ndarray): (n_beats, W) the lead's sample tokens (the shards' ``lead2``).
+        vocab (Vocabulary): the shards' vocabulary (``samples`` scheme).
+        target_mv (float): median QRS amplitude after scaling.
+
+    Returns:
+        np.ndarray: (vocab size,) int64 map, identity except on waveform levels.
+    """
+    edges, pre = quantizer_edges(vocab.params), int(vocab.params.pre)
+    half = max(1, round(0.05 * float(vocab.params.target_rate)))  # 50 ms: 6 samples at 128 Hz
+    qrs = np.asarray(windows[:, max(0, pre - half) : pre + half + 1], np.int64)  # (n_beats, 2 * half + 1)
+    peak = np.abs(dequantize(qrs - vocab.sample_base, edges)).max(axis=1) if qrs.size else np.zeros(0)
+    med = float(np.median(peak)) if peak.size else 0.0
+    return gain_lut(vocab, edges, float(np.clip(target_mv / med, 0.25, 4.0)) if med > 0 else 1.0)
+
+
 class _BeatTables:
     """Beat tables of the chosen records, concatenated, and lazily opened token maps."""
 
@@ -293,6 +324,7 @@ class _BeatTables:
         tables = [np.asarray(np.load(self.dir / m["outputs"]["beats"]["file"], mmap_mode="r")) for m in self.meta]
         self.tables = tables
         self._maps: Dict[int, np.ndarray] = {}
+        self._lead2: Dict[int, np.ndarray] = {}
 
     def tokens(self, i: int) -> np.ndarray:
         m = self._maps.get(i)
@@ -300,9 +332,20 @@ class _BeatTables:
             m = self._maps[i] = open_token_shard(self.dir, self.meta[i])
         return m
 
+    def lacking_lead2(self) -> List[str]:
+        """Records whose shards hold no second lead (tokenized without ``--second-lead``)."""
+        return [n for n, m in zip(self.names, self.meta) if "lead2" not in m["outputs"]]
+
+    def lead2(self, i: int) -> np.ndarray:
+        """(n_beats, W) record ``i``'s second-lead sample tokens, row ``j`` the window of beat ``j``."""
+        m = self._lead2.get(i)
+        if m is None:
+            m = self._lead2[i] = np.load(self.dir / self.meta[i]["outputs"]["lead2"]["file"], mmap_mode="r")
+        return m
+
     def __getstate__(self) -> Dict[str, Any]:  # DataLoader workers re-open the maps
         state = dict(self.__dict__)
-        state["_maps"] = {}
+        state["_maps"], state["_lead2"] = {}, {}
         return state
 
 
@@ -362,7 +405,7 @@ class ECGBeatClassificationDataset(Dataset):
                     if o.normalize_amplitude else None)
         self.beat_samples, self.offset = _crop(params, o.beat_samples)
         self.per_beat = 1 + 1 + int(params.window)  # <sep> rr q*W in the shard
-        self.block = BeatBlock(self.beat_samples, next_rr=bool(o.next_rr),  # the target beat's layout
+        self.block = BeatBlock(self.beat_samples + int(o.second_lead), next_rr=bool(o.next_rr),  # the target's layout
                                features=o.rhythm_features)
         self.augment, self.seed, self._edges = bool(o.augment), int(draw.seed), quantizer_edges(params)
         self._rr_edges = rr_edges(params)  # (rr_bins + 1,) s: the RR grid of every RR token
@@ -371,6 +414,7 @@ class ECGBeatClassificationDataset(Dataset):
         # per record: (n_blocks, W) token ids of the patient's typical beat (amplitude-normalized if asked)
         self.templates = [self._templates(i, int(o.template_beats)) for i in range(len(self.beats.tables))] \
             if o.template_beats else None
+        self._second_lead_setup(o)
         # per record: (n_beats,) p_wave_beats' token: how alike the earlier beats' P waves are (None: off)
         self.p_wave = ([self._p_wave_tokens(i, int(o.p_wave_beats)) for i in range(len(self.beats.tables))]
                        if o.p_wave_beats else None)
@@ -395,6 +439,59 @@ class ECGBeatClassificationDataset(Dataset):
         self.irregular_no_p_wave = bool(o.irregular_no_p_wave)
         self.rr_target = bool(o.rr_target)
         self.augment_stretch = float(o.augment_stretch)
+
+    def _second_lead_setup(self, o: BeatPromptOptions) -> None:
+        """``second_lead``'s crop, and per record its amplitude map and templates (None where off)."""
+        self.second_lead = int(o.second_lead)
+        self.amp2: Optional[List[np.ndarray]] = None
+        self.templates2: Optional[List[np.ndarray]] = None
+        if not self.second_lead:
+            return
+        lacking = self.beats.lacking_lead2()
+        if lacking:
+            raise ValueError(
+                f"second_lead shows the second lead's samples, but the shards in {self.beats.dir} hold none for "
+                f"{len(lacking)} record(s) ({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''}): tokenize "
+                "them with `hlmtune tokenize --second-lead`")
+        self.n2, self.off2 = _crop_second(self.params, self.second_lead)
+        n = len(self.beats.tables)
+        if o.normalize_amplitude:
+            self.amp2 = [lead_amplitude_lut(self.beats.lead2(i), self.vocab) for i in range(n)]
+        if o.template_beats:  # (n_blocks, W) per record: the second lead's typical beat, as the first's
+            base = self.vocab.sample_base
+            self.templates2 = []
+            for i in range(n):
+                v = np.asarray(self.beats.lead2(i), np.int64)
+                mv = dequantize((v if self.amp2 is None else self.amp2[i][v]) - base, self._edges)  # (n_beats, W)
+                self.templates2.append(base + quantize(beat_templates(mv, int(o.template_beats)), self._edges))
+
+    def _second_lead_samples(self, i: int, j: int, j_target: int, shift: int, gain: Optional[np.ndarray],
+                             stretch: float, template_shown: bool) -> np.ndarray:
+        """(second_lead,) the second lead's sample tokens of beat ``j`` of record ``i`` as shown.
+
+        ``j_target`` is the target beat (its template block), ``j`` the beat whose samples are shown
+        (the previous one under ``previous_swap``); ``shift``, ``gain`` and ``stretch`` are the first
+        lead's training variations of this example (0, None, 0: none), ``template_shown`` whether the
+        template stands in for the beat (``template_swap``).
+        """
+        w, n2, pre = int(self.params.window), self.n2, int(self.params.pre)
+        o2 = int(np.clip(self.off2 + shift, 0, w - n2))
+        v = np.asarray(self.beats.lead2(i)[j, o2 : o2 + n2], np.int64)  # (n2,)
+        if self.amp2 is not None:
+            v = self.amp2[i][v]
+        t = (self.templates2[i][j_target // TEMPLATE_BLOCK, self.off2 : self.off2 + n2]
+             if self.templates2 is not None else None)  # (n2,) unshifted: the reference
+        if gain is not None:
+            v, t = gain[v], (None if t is None else gain[t])
+        if stretch:
+            v = self._stretched(v, pre - o2, stretch)
+            t = None if t is None else self._stretched(t, pre - self.off2, stretch)
+        if template_shown and t is not None:
+            v = t
+        if self.template_delta and t is not None:  # unlike this patient's usual beat in this lead, in mV
+            base, edges = self.vocab.sample_base, self._edges
+            v = base + quantize(dequantize(v - base, edges) - dequantize(t - base, edges), edges)
+        return np.asarray(v, np.int64)
 
     def _draw_weights(self, draw: BeatDraw) -> Optional[np.ndarray]:
         """(n_candidates,) draw weight of each candidate beat: ``early_n_weight`` for N beats whose
@@ -714,10 +811,12 @@ class ECGBeatClassificationDataset(Dataset):
         t = self.beats.tables[i]
         s = int(t["token_start"][j])
         beat = self.beats.tokens(i)[s : s + self.per_beat].astype(np.int64)  # <sep> rr(i) q*W
+        shown = j  # the beat whose samples are shown
         if self.previous_swap and j > 0 and self.vocab.classes[int(self.label[e])] in ("N", "S") \
                 and np.random.default_rng((self.seed, k, 2)).random() < self.previous_swap:
             p = int(t["token_start"][j - 1])  # the previous beat's samples (real, not a median): only RR differs
             beat = np.concatenate([beat[:2], self.beats.tokens(i)[p + 2 : p + self.per_beat].astype(np.int64)])
+            shown = j - 1
         off = self.offset
         rng = np.random.default_rng((self.seed, k)) if self.augment else None
         if rng is not None:  # shift the crop by up to 2 samples (16 ms) either way, within the window
@@ -728,6 +827,7 @@ class ECGBeatClassificationDataset(Dataset):
             beat = self.amp[i][beat]  # the record's waveform at a common R amplitude
         tmpl = (self.templates[i][j // TEMPLATE_BLOCK, self.offset : self.offset + self.beat_samples]
                 if self.templates is not None else beat[:0])  # (beat_samples,) unshifted: the reference
+        lut, f, swapped = None, 0.0, False
         if rng is not None:  # gain 0.7..1.4 (log-uniform): no patient is recognised by amplitude alone
             lut = gain_lut(self.vocab, self._edges, float(np.exp(rng.uniform(np.log(0.7), np.log(1.4)))))
             beat, tmpl = lut[beat], lut[tmpl]  # one gain for the patient's beat and template
@@ -738,6 +838,7 @@ class ECGBeatClassificationDataset(Dataset):
         if self.template_swap and self.vocab.classes[int(self.label[e])] in ("N", "S") \
                 and np.random.default_rng((self.seed, k, 1)).random() < self.template_swap:
             beat = np.concatenate([beat[:2], tmpl])  # a normal-looking beat: only the RR tells N from S
+            swapped = True
         if self.irregular_no_p_wave and self.irregular[k]:  # fibrillation: no P wave, f waves (label N)
             q, tmpl = self._fibrillating_waveform(k, beat[2:], int(self.params.pre) - off, tmpl,
                                                   int(self.params.pre) - self.offset)
@@ -746,6 +847,8 @@ class ECGBeatClassificationDataset(Dataset):
             base, edges = self.vocab.sample_base, self._edges
             diff = dequantize(beat[2:] - base, edges) - dequantize(tmpl - base, edges)  # (beat_samples,) mV
             beat = np.concatenate([beat[:2], base + quantize(diff, edges)])
+        if self.second_lead:  # <sep> rr(i) q*beat_samples v*second_lead
+            beat = np.concatenate([beat, self._second_lead_samples(i, shown, j, off - self.offset, lut, f, swapped)])
         return beat, tmpl
 
     def _timing(self, k: int, shard_rr: int) -> Tuple[List[int], int, int]:

@@ -99,6 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("beats and leads")
     g.add_argument("--lead", default="MLII", help="lead name, or signal index (e.g. 0)")
     g.add_argument("--lead-fallback", choices=("first", "error"), default="first", help="when the lead is absent: use signal 0 (noted in the manifest) or fail the record")
+    g.add_argument("--second-lead", action="store_true", help="also write each beat's window of the second lead (the first other signal: MIT-BIH's V1, svdb's ECG2) as records/<id>.lead2.npy, for the beat prompt's dataset.second_lead; a record of one signal fails (scheme samples)")
     g.add_argument("--annotation-ext", default="atr", metavar="EXT", help="reference beat annotation file extension")
     g.add_argument("--no-annotations", action="store_true", help="ignore annotation files for beat positions: run the R-peak detector (Se/+P vs the annotations is reported when they exist)")
     g.add_argument("--detector", choices=("gqrs", "xqrs"), default="gqrs", help="R-peak detector from wfdb.processing")
@@ -203,7 +204,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
             lead=args.lead, lead_fallback=args.lead_fallback, use_annotations=not args.no_annotations,
             annotation_ext=args.annotation_ext, on_missing_annotations=args.on_missing_annotations,
             on_unknown_symbols=args.on_unknown_symbols, detector_check=args.detector_check,
-            detector=args.detector, sampto=args.sampto,
+            detector=args.detector, sampto=args.sampto, second_lead=args.second_lead,
         )
         records = None
         if args.records_list:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -62,12 +62,16 @@ class TokenizedRecord:
         tokens (np.ndarray): (n_tokens,) token ids (uint16 or uint32).
         beats (np.ndarray): (n_kept,) BEAT_DTYPE rows.
         dropped (List[Dict]): beats not tokenized: ``{"sample", "reason"}``.
+        lead2 (Optional[np.ndarray]): (n_kept, window) sample token ids of the second lead's
+            window around each kept beat (same positions, baseline removal and quantizer as the
+            stream's ``q`` tokens), when the record was read with ``second_lead``; else None.
     """
 
     name: str
     tokens: np.ndarray
     beats: np.ndarray
     dropped: List[Dict] = field(default_factory=list)
+    lead2: Optional[np.ndarray] = None
 
 
 @functools.lru_cache(maxsize=16)
@@ -175,6 +179,7 @@ def tokenize_record(rec: EcgRecord, params: TokenizerParams) -> TokenizedRecord:
     """
     check_length(rec, params)
     vocab = get_vocab(params)
+    lead2 = None
     n = rec.beat_samples.size
     labels = beat_labels(rec.beat_symbols, params)
     rr, rrb = rr_info(rec, params)
@@ -192,17 +197,10 @@ def tokenize_record(rec: EcgRecord, params: TokenizerParams) -> TokenizedRecord:
         m0, keep, reason = window_plan(rec, params)
         k = int(keep.sum())
         w = int(params.window)
-        rs = get_resampler(rec.fs, params.target_rate)
-        canon = rs.whole(rec.signal)  # exact integers as float64
-        win = canon[m0[keep][:, None] + np.arange(w)]  # (k, W)
-        # (k, 1) per-beat baseline = np.median(win, axis=1): the values are exact integers,
-        # so the mean of the two middle order statistics is exact and equal to np.median's.
-        mid = w // 2
-        part = np.partition(win, (mid - 1, mid) if w % 2 == 0 else (mid,), axis=1)
-        base = (part[:, mid - 1 : mid] + part[:, mid : mid + 1]) / 2 if w % 2 == 0 else part[:, mid : mid + 1]
-        win -= base
-        mv = np.divide(win, SCALE * rec.gain_per_mv, out=win)  # (k, W) millivolts
-        lev = _fast_quantizer(params)(mv)  # (k, W), == vocab.quantize(mv, edges)
+        lev = _window_levels(rec.signal, rec.gain_per_mv, rec.fs, m0[keep], params)  # (k, W)
+        if rec.signal2 is not None:  # the second lead at the same positions: (k, W) sample tokens
+            lead2 = (_window_levels(rec.signal2, rec.gain2_per_mv, rec.fs, m0[keep], params)
+                     + vocab.sample_base).astype(vocab.dtype)
         h = 2 if nb else 1  # <sep> [rr]: no label token, the label stays in the beat table
         body = np.empty((k, h + w), dtype=vocab.dtype)  # (k, tokens per beat)
         body[:, 0] = SEP_ID
@@ -228,4 +226,19 @@ def tokenize_record(rec: EcgRecord, params: TokenizerParams) -> TokenizedRecord:
         {"sample": int(s), "reason": _DROP_REASONS[int(r)]}
         for s, r in zip(rec.beat_samples[~keep], reason[~keep])
     ]
-    return TokenizedRecord(rec.name, tokens, beats, dropped)
+    return TokenizedRecord(rec.name, tokens, beats, dropped, lead2=lead2)
+
+
+def _window_levels(signal: np.ndarray, gain_per_mv: float, fs: float, m0: np.ndarray, params: TokenizerParams) -> np.ndarray:
+    """(k, W) quantizer levels of one lead's window starting at canonical sample ``m0`` (k,) of each beat."""
+    w = int(params.window)
+    canon = get_resampler(fs, params.target_rate).whole(signal)  # exact integers as float64
+    win = canon[m0[:, None] + np.arange(w)]  # (k, W)
+    # (k, 1) per-beat baseline = np.median(win, axis=1): the values are exact integers,
+    # so the mean of the two middle order statistics is exact and equal to np.median's.
+    mid = w // 2
+    part = np.partition(win, (mid - 1, mid) if w % 2 == 0 else (mid,), axis=1)
+    base = (part[:, mid - 1 : mid] + part[:, mid : mid + 1]) / 2 if w % 2 == 0 else part[:, mid : mid + 1]
+    win -= base
+    mv = np.divide(win, SCALE * gain_per_mv, out=win)  # (k, W) millivolts
+    return _fast_quantizer(params)(mv)  # (k, W), == vocab.quantize(mv, edges)

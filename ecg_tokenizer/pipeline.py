@@ -47,6 +47,9 @@ class RecordOptions:
         detector_check (bool): also run the detector on annotated records (Se/+P).
         detector (str): ``"gqrs"`` or ``"xqrs"``.
         sampto (Optional[int]): read only the first ``sampto`` samples.
+        second_lead (bool): also write each beat's window of the second lead
+            (``records/<stem>.lead2.npy``; the first signal other than ``lead``'s); a record of
+            one signal fails.
     """
 
     lead: str = "MLII"
@@ -58,10 +61,14 @@ class RecordOptions:
     detector_check: bool = False
     detector: str = "gqrs"
     sampto: Optional[int] = None
+    second_lead: bool = False
 
     def to_dict(self) -> Dict[str, Any]:
-        """JSON-ready dict."""
-        return dict(self.__dict__)
+        """JSON-ready dict (``second_lead`` only when on: shards written before it keep their digest)."""
+        d = dict(self.__dict__)
+        if not d["second_lead"]:
+            del d["second_lead"]
+        return d
 
 
 @dataclass
@@ -142,7 +149,7 @@ def _compute(task: Tuple) -> Tuple[str, str, Any]:
             use_annotations=options.use_annotations, annotation_ext=options.annotation_ext,
             on_missing_annotations=options.on_missing_annotations,
             on_unknown_symbols=options.on_unknown_symbols, detector_check=options.detector_check,
-            detector=options.detector, sampto=options.sampto,
+            detector=options.detector, sampto=options.sampto, second_lead=options.second_lead,
         )
         if implementation == "reference":
             from hlmtune.ecg_tokenizer.reference import tokenize_record_reference as fn

@@ -70,6 +70,10 @@ class EcgRecord:
         dropped (List[Dict[str, Any]]): beat annotations left out before tokenizing
             (``{"sample", "reason"}``: outside the signal); the tokenizer adds them to its own.
         n_samples (int): samples in the lead (from ``signal`` when not given).
+        signal2 (Optional[np.ndarray]): (n_samples,) digital samples of the second lead (the
+            first signal that is not ``lead``), read with ``second_lead``; None otherwise.
+        lead2 (Optional[str]): its name.
+        gain2_per_mv (float): its digital units per millivolt.
     """
 
     name: str
@@ -88,6 +92,9 @@ class EcgRecord:
     notes: List[str] = field(default_factory=list)
     n_samples: int = -1
     dropped: List[Dict[str, Any]] = field(default_factory=list)
+    signal2: Optional[np.ndarray] = None
+    lead2: Optional[str] = None
+    gain2_per_mv: float = float("nan")
 
     def __post_init__(self) -> None:
         if self.n_samples < 0:
@@ -95,7 +102,8 @@ class EcgRecord:
 
     def without_signal(self) -> "EcgRecord":
         """A copy without the samples (cheap to send between processes for writing)."""
-        return dataclasses.replace(self, signal=self.signal[:0], n_samples=self.n_samples)
+        return dataclasses.replace(self, signal=self.signal[:0], n_samples=self.n_samples,
+                                   signal2=None if self.signal2 is None else self.signal2[:0])
 
 
 def sha256_file(path: Path) -> str:
@@ -225,6 +233,7 @@ def load_record(
     detector: str = "gqrs",
     sampto: Optional[int] = None,
     hash_inputs: bool = True,
+    second_lead: bool = False,
 ) -> EcgRecord:
     """Read one lead and the beats of a record, validating everything on the way.
 
@@ -245,6 +254,9 @@ def load_record(
         detector (str): R-peak detector, ``"gqrs"`` or ``"xqrs"`` (wfdb.processing).
         sampto (Optional[int]): read only samples [0, sampto) (quick runs, tests).
         hash_inputs (bool): compute sha256 of the input files.
+        second_lead (bool): also read the second lead, the first signal other than the one
+            ``lead`` / ``lead_fallback`` chose (MIT-BIH: V1 in most records; svdb: ``ECG2``),
+            checked like the first; a record of one signal is an error.
 
     Returns:
         EcgRecord: the record.
@@ -257,19 +269,15 @@ def load_record(
     if on_unknown_symbols not in ON_UNKNOWN_SYMBOLS:
         raise ValueError(f"on_unknown_symbols must be one of {ON_UNKNOWN_SYMBOLS}")
     base = Path(records_dir) / name
-    hea = base.with_name(base.name + ".hea")
-    if not hea.exists():
-        raise RecordError(name, f"header {hea.name} is missing ({hea})")
+    hea = _header_file(name, base)
     full = sampto is None
     rec, header, fs, sig_files = _read_signal(name, base, hea, sampto)
     notes: List[str] = []
     sig, lead_name, gain_per_mv = _lead_signal(name, rec, header, lead, lead_fallback, full, notes)
     n = int(sig.size)
-
-    inputs: Dict[str, str] = {}
-    if hash_inputs:
-        for p in [hea, *sig_files]:
-            inputs[p.name] = sha256_file(p)
+    sig2, lead2, gain2 = (_lead_signal(name, rec, header, str(_other_lead(name, header, lead, lead_fallback)),
+                                       "error", full, []) if second_lead else (None, None, float("nan")))
+    inputs = {p.name: sha256_file(p) for p in [hea, *sig_files]} if hash_inputs else {}
 
     atr = base.with_name(f"{base.name}.{annotation_ext}")
     ann: Optional[_Annotations] = None
@@ -288,7 +296,24 @@ def load_record(
         beat_source=source, annotated_beats=int(ann.samples.size) if ann is not None else 0,
         detector=det_stats, inputs=inputs, notes=notes,
         dropped=list(ann.outside) if use_annotations and ann is not None else [],
+        signal2=sig2, lead2=lead2, gain2_per_mv=gain2,
     )
+
+
+def _header_file(name: str, base: Path) -> Path:
+    """The record's ``.hea``, which must exist."""
+    hea = base.with_name(base.name + ".hea")
+    if not hea.exists():
+        raise RecordError(name, f"header {hea.name} is missing ({hea})")
+    return hea
+
+
+def _other_lead(name: str, header: Any, lead: str, lead_fallback: str) -> int:
+    """Index of the second lead: the first signal other than the one ``lead`` / ``lead_fallback`` choose."""
+    names = list(header.sig_name)
+    if len(names) < 2:
+        raise RecordError(name, f"second_lead needs a second signal: the record has one ({names[0]})")
+    return 1 if _pick_lead(name, names, lead, lead_fallback, []) == 0 else 0
 
 
 def _lead_signal(name: str, rec: Any, header: Any, lead: str, lead_fallback: str, full: bool,

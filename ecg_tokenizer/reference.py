@@ -46,7 +46,7 @@ def tokenize_record_reference(rec: EcgRecord, params: TokenizerParams) -> Tokeni
     unlabeled = len(vocab.classes) - 1
     nb, w, pre, n_in = int(params.rr_bins), int(params.window), params.pre, rec.n_samples
     tokens = [BOS_ID]
-    rows, dropped = [], list(rec.dropped)
+    rows, dropped, lead2 = [], list(rec.dropped), []
     prev = None
     for j in range(rec.beat_samples.size):
         r = int(rec.beat_samples[j])
@@ -74,6 +74,10 @@ def tokenize_record_reference(rec: EcgRecord, params: TokenizerParams) -> Tokeni
             baseline = np.median(window)
             mv = (window - baseline) / (SCALE * rec.gain_per_mv)
             levels = quantize(mv, q_edges)
+            if rec.signal2 is not None:  # the second lead, the same window, its own gain
+                window2 = np.array([float(rs.at(rec.signal2, m)) for m in range(m0, m0 + w)])
+                mv2 = (window2 - np.median(window2)) / (SCALE * rec.gain2_per_mv)
+                lead2.append([vocab.sample_base + int(q) for q in quantize(mv2, q_edges)])
             tokens.append(SEP_ID)  # the label is never written into a samples stream
             if nb:
                 tokens.append(vocab.rr_base + rb)
@@ -85,4 +89,6 @@ def tokenize_record_reference(rec: EcgRecord, params: TokenizerParams) -> Tokeni
         np.array(tokens, dtype=vocab.dtype),
         np.array(rows, dtype=BEAT_DTYPE),
         dropped,
+        lead2=(np.array(lead2, dtype=vocab.dtype).reshape(len(lead2), w)
+               if rec.signal2 is not None and params.scheme != "annotation" else None),
     )

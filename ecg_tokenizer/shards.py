@@ -5,6 +5,7 @@ Layout of an output directory::
     manifest.json                 written last by every run (see docs/ecg_tokenizer.md)
     records/<stem>.tokens.npy     (n_tokens,) uint16/uint32 token ids   - np.load(mmap_mode="r")
     records/<stem>.beats.npy      (n_beats,) core.BEAT_DTYPE rows       - np.load(mmap_mode="r")
+    records/<stem>.lead2.npy      (n_beats, window) second-lead sample tokens (``second_lead`` only)
     records/<stem>.json           per-record metadata; written last = the record is done
 
 ``<stem>`` is the record name with ``/`` replaced by ``__``. Every file is written to a
@@ -91,7 +92,8 @@ def write_record(
     s = stem(rec.name)
     classes = get_vocab(params).classes
     outputs = {}
-    for kind, arr in (("tokens", tok.tokens), ("beats", tok.beats)):
+    arrays = [("tokens", tok.tokens), ("beats", tok.beats)] + ([("lead2", tok.lead2)] if tok.lead2 is not None else [])
+    for kind, arr in arrays:
         data = npy_bytes(arr)
         fname = f"{s}.{kind}.npy"
         atomic_write_bytes(rdir / fname, data)
@@ -110,6 +112,7 @@ def write_record(
         "fs": rec.fs,
         "n_samples": rec.n_samples,
         "lead": rec.lead,
+        **({"lead2": rec.lead2} if tok.lead2 is not None else {}),
         "notes": list(rec.notes),
         "beat_source": rec.beat_source,
         "annotated_beats": rec.annotated_beats,
@@ -225,7 +228,7 @@ def build_manifest(
             "record", "fs", "n_samples", "lead", "notes", "beat_source", "annotated_beats", "beats_found",
             "n_beats", "n_dropped", "dropped", "n_tokens", "label_counts", "rhythm_counts", "detector",
             "inputs", "outputs",
-        )} | ({"source": m["source"]} if m.get("source") else {})
+        )} | ({"source": m["source"]} if m.get("source") else {}) | ({"lead2": m["lead2"]} if m.get("lead2") else {})
         for m in metas
     ]
     return {

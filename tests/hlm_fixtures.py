@@ -25,7 +25,7 @@ SECONDS = 300
 
 
 def make_shards(root: Path) -> Dict[str, object]:
-    """Tokenize the test records; returns ``{"shards", "split_file", "real"}``."""
+    """Tokenize the test records (with their second lead); returns ``{"shards", "split_file", "real"}``."""
     from hlmtune.files import atomic_write_text
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
@@ -33,14 +33,14 @@ def make_shards(root: Path) -> Dict[str, object]:
     data = os.environ.get("HLM_DATA")
     if data and (Path(data) / "mitdb" / "100.hea").exists():
         db, train, test = Path(data) / "mitdb", TRAIN_RECORDS, TEST_RECORDS
-        options = RecordOptions(sampto=360 * SECONDS)
+        options = RecordOptions(sampto=360 * SECONDS, second_lead=True)
         real = True
     else:
         from hlmtune.hlm.pipeline import synthetic_database
 
         db = synthetic_database(root / "synth", n_records=6, duration_s=240)
         lists = json.loads((db / "splits.json").read_text())
-        train, test, options, real = lists["DS1"], lists["DS2"], RecordOptions(), False
+        train, test, options, real = lists["DS1"], lists["DS2"], RecordOptions(second_lead=True), False
     split_file = root / "splits.json"
     atomic_write_text(split_file, json.dumps({"DS1": train, "DS2": test}))
     s = tokenize_directory(db, root / "tokens", params=TokenizerParams(), options=options, records=train + test,

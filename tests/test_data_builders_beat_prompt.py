@@ -29,6 +29,7 @@ ON = {
     "template_beats": dict(template_beats=32),
     "template_delta": dict(template_beats=32, template_delta=True),
     "show_template": dict(template_beats=32, show_template=False, template_delta=True),
+    "second_lead": dict(second_lead=32),
     "augment": dict(augment=True),
     "template_swap": dict(template_beats=32, template_swap=0.5),
     "previous_swap": dict(previous_swap=0.5),
@@ -94,6 +95,7 @@ def test_parse_options_names_the_closest_key_and_honours_builder_defaults():
     (dict(long_rr=-5), "long_rr must be 0"),
     (dict(p_wave_beats=2), "p_wave_beats must be 0 .off. or the earlier beats compared .3..1000."),
     (dict(average_rr_s=4000), "average_rr_s must be 0"),
+    (dict(second_lead=4), r"second_lead must be 0 \(off\) or the second lead's samples shown"),
 ])
 def test_option_checks_name_the_key(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -156,7 +158,9 @@ def test_every_option_goes_through_the_one_owner(shards, option):
         t = ex.tokens
         assert t[0] == BOS_ID and t[-1] == v.ids["<beat?>"] and t.count(SEP_ID) == 1
         assert t[ex.target_at] == SEP_ID and t[ex.target_at + BeatBlock.RR] == ex.rr_token
-        tail = len(t) - (ex.target_at + BeatBlock.WAVE + n_samples)  # [rr(i+1)] [features] <beat?>
+        # the block's waveform: the first lead's samples, then the second lead's (second_lead)
+        assert ds.block.samples == n_samples + ds.second_lead and len(ds.block) == len(t) - ex.target_at
+        tail = len(t) - (ex.target_at + BeatBlock.WAVE + ds.block.samples)  # [rr(i+1)] [features] <beat?>
         n_feat = sum(bool(getattr(ds.options, f)) for f in ("local_rr", "average_rr_s", "long_rr", "p_wave_beats"))
         assert len(ex.feature_tokens) == n_feat and tail == (2 if ds.next_rr else 1) + n_feat
         assert t[len(t) - 1 - n_feat : -1] == ex.feature_tokens

@@ -381,6 +381,119 @@ def test_template_delta_shows_the_beat_minus_the_template_by_hand(hlm):
         ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), show_template=False)
 
 
+def test_second_lead_follows_the_beat_by_hand(hlm):
+    """second_lead: 32 samples of the second lead's window (R at 0.4 of them) follow the first lead's
+    samples of the target beat, read from the shard file by hand; with template_delta they are the
+    beat minus the second lead's own template, a median of the same earlier beats computed here;
+    everything else in the prompt is unchanged. Training variations move both leads alike."""
+    import bisect
+
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.ecg_tokenizer.vocab import quantizer_edges
+
+    tk = hlm["tk"]
+    v, pre = tk.vocab, tk.params.pre
+    edges = [float(e) for e in quantizer_edges(tk.params)]
+    mid = lambda t: (edges[t - v.sample_base] + edges[t - v.sample_base + 1]) / 2  # noqa: E731
+    level = lambda mv: v.sample_base + min(len(edges) - 2, max(0, bisect.bisect_right(edges, mv) - 1))  # noqa: E731
+    kw = dict(split_file=str(hlm["split_file"]), balance=None, context_beats=4, beat_samples=96)
+    plain = ecg_beat_classification_dataset(tk, **kw)
+    raw = ecg_beat_classification_dataset(tk, second_lead=32, **kw)
+    tkw = dict(kw, template_beats=100, template_delta=True)
+    delta = ecg_beat_classification_dataset(tk, **tkw)
+    both = ecg_beat_classification_dataset(tk, second_lead=32, **tkw)
+    lead2 = {r: np.load(Path(hlm["shards"]) / "records" / f"{_stem(r)}.lead2.npy") for r in hlm["train"]}
+    lo = pre - 13  # round(0.4 * 32) samples before R
+    for k in range(0, len(plain), max(1, len(plain) // 40)):
+        rec, j = hlm["train"][int(raw.rec[raw.index[k]])], int(raw.beat[raw.index[k]])
+        a, b = plain.prompt(k), raw.prompt(k)
+        cut = len(a) - 2  # after the first lead's samples: rr(i+1) <beat?>
+        assert b[:cut] + b[cut + 32 :] == a and b[cut : cut + 32] == lead2[rec][j, lo : lo + 32].tolist(), k
+        c, d = delta.prompt(k), both.prompt(k)
+        assert d[:cut + 96] + d[cut + 96 + 32 :] == c, k  # (the template opens the prompt: 96 tokens later)
+        s = (j // 64) * 64  # the template block's first beat; its median reads the 100 beats before it
+        rows = lead2[rec][s - 100 : s] if s >= 100 else lead2[rec][:100]
+        tmpl = [level(m) for m in np.median(np.vectorize(mid)(rows[:, lo : lo + 32]), axis=0)]  # (32,) tokens
+        want = [level(mid(x) - mid(t)) for x, t in zip(lead2[rec][j, lo : lo + 32].tolist(), tmpl)]
+        assert d[cut + 96 : cut + 96 + 32] == want, k
+        assert not any(v.label_base <= t < v.rr_base for t in d), k
+    from hlmtune.data_builders.ecg import lead_amplitude_lut
+
+    scaled = ecg_beat_classification_dataset(tk, second_lead=32, normalize_amplitude=True, **kw)
+    luts = {r: lead_amplitude_lut(lead2[r], v) for r in hlm["train"]}
+    for k in range(0, len(scaled), max(1, len(scaled) // 20)):  # the second lead at its own scale
+        rec, j = hlm["train"][int(scaled.rec[scaled.index[k]])], int(scaled.beat[scaled.index[k]])
+        assert scaled.prompt(k)[-2 - 32 : -2] == luts[rec][lead2[rec][j, lo : lo + 32]].tolist(), k
+    aug = ecg_beat_classification_dataset(tk, second_lead=32, augment=True, template_swap=1.0, **tkw)
+    zero = level(0.0)
+    for k in range(0, len(aug), max(1, len(aug) // 40)):
+        p = aug.prompt(k)
+        if aug.label_of(k) in ("N", "S"):  # the template in place of the beat, in both leads: delta zero
+            assert p[-2 - 32 : -2] == [zero] * 32 and p[-2 - 32 - 96 : -2 - 32] == [zero] * 96, k
+    with pytest.raises(ValueError, match="second_lead must be 0"):
+        ecg_beat_classification_dataset(tk, second_lead=4, **kw)
+
+
+def test_second_lead_is_shifted_with_the_first_in_training(hlm, monkeypatch):
+    """augment's crop shift (+-2 samples) moves the second lead's samples by the same amount as the
+    first lead's (the random gain made the identity here, so the shift can be read off the tokens)."""
+    from hlmtune.data_builders import ecg as builders
+
+    tk = hlm["tk"]
+    monkeypatch.setattr(builders, "gain_lut", lambda vocab, edges, gain: np.arange(len(vocab), dtype=np.int64))
+    ds = builders.ecg_beat_classification_dataset(tk, split_file=str(hlm["split_file"]), balance=None, context_beats=4,
+                                                  beat_samples=96, second_lead=32, augment=True)
+    pre = tk.params.pre
+    lo1, lo2 = pre - 32, pre - 13  # the unshifted crops: R at a third of 96, at 0.4 of 32
+    shifts = set()
+    for k in range(0, len(ds), max(1, len(ds) // 60)):
+        rec, j = hlm["train"][int(ds.rec[ds.index[k]])], int(ds.beat[ds.index[k]])
+        tokens = np.load(Path(hlm["shards"]) / "records" / f"{_stem(rec)}.tokens.npy", mmap_mode="r")
+        lead2 = np.load(Path(hlm["shards"]) / "records" / f"{_stem(rec)}.lead2.npy", mmap_mode="r")
+        window = tokens[int(_beats(hlm, rec)["token_start"][j]) + 2 :][: tk.params.window].tolist()
+        p = ds.prompt(k)
+        first, second = p[-2 - 32 - 96 : -2 - 32], p[-2 - 32 : -2]
+        found = [d for d in range(-2, 3) if window[lo1 + d : lo1 + d + 96] == first]
+        assert found, k
+        assert any(second == lead2[j, lo2 + d : lo2 + d + 32].tolist() for d in found), (k, found)
+        shifts.update(found if len(found) == 1 else [])
+    assert len(shifts) >= 3  # the shift did vary
+
+
+def test_second_lead_needs_shards_with_it(hlm, tmp_path):
+    """Shards tokenized without --second-lead: the builder names the records and the command."""
+    from hlmtune.data_builders import ecg_beat_classification_dataset
+    from hlmtune.ecg_tokenizer.pipeline import RecordOptions, tokenize_directory
+    from hlmtune.ecg_tokenizer.tokenizer import ECGTokenizer
+    from hlmtune.ecg_tokenizer.vocab import TokenizerParams
+
+    recs = hlm["train"][:2] + hlm["test"][:1]
+    opts = RecordOptions(sampto=360 * 60) if hlm["real"] else RecordOptions()
+    tokenize_directory(hlm["db"], tmp_path / "one", params=TokenizerParams(), options=opts, records=recs,
+                       workers=1, progress=False)
+    tk = ECGTokenizer(manifest_path=str(tmp_path / "one"), max_seq_len=1024)
+    (tmp_path / "s.json").write_text(json.dumps({"DS1": recs[:2], "DS2": recs[2:]}))
+    with pytest.raises(ValueError, match=r"hold none for 2 record\(s\) .*hlmtune tokenize --second-lead"):
+        ecg_beat_classification_dataset(tk, split_file=str(tmp_path / "s.json"), second_lead=32)
+    ecg_beat_classification_dataset(tk, split_file=str(tmp_path / "s.json"))  # fine without it
+
+
+def test_second_lead_amplitude_puts_each_records_median_qrs_peak_at_1_mv(hlm):
+    """lead_amplitude_lut: after it, the median over beats of the largest |mV| within 50 ms of R is ~1 mV."""
+    from hlmtune.data_builders.ecg import lead_amplitude_lut
+    from hlmtune.ecg_tokenizer.vocab import dequantize, quantizer_edges
+
+    tk = hlm["tk"]
+    v, pre, edges = tk.vocab, tk.params.pre, quantizer_edges(tk.params)
+    for r in hlm["train"][:3]:
+        w = np.load(Path(hlm["shards"]) / "records" / f"{_stem(r)}.lead2.npy").astype(np.int64)
+        peak = lambda x: float(np.median(np.abs(dequantize(x[:, pre - 6 : pre + 7] - v.sample_base, edges)).max(1)))  # noqa: E731
+        before = peak(w)
+        after = peak(lead_amplitude_lut(w, v)[w])
+        want = before * float(np.clip(1.0 / before, 0.25, 4.0))  # 1 mV unless the factor is clipped
+        assert abs(after - want) < 0.08 * want, (r, before, after)
+
+
 def test_premature_synth_makes_n_beats_early_labels_them_s_and_never_in_evaluation(hlm):
     """A share p of the drawn N examples: same waveform, rr(i) at 0.55-0.85 of the context's median
     cycle, a longer following interval, answer S. Other examples and evaluation are untouched."""
@@ -799,8 +912,8 @@ EVERY_INPUT = dict(context_beats=8, normalized_rr=64, normalize_amplitude=True, 
                    rr_reference="mean", local_rr=10, average_rr_s=300.0, long_rr=512, p_wave_beats=8,
                    template_beats=32, template_delta=True, show_template=True, augment=True, template_swap=0.2,
                    previous_swap=0.2, premature_synth=0.2, premature_max_irregularity=0.5, irregular_synth=0.2,
-                   irregular_no_p_wave=True, rr_target=True, augment_stretch=0.15, record_balance=0.5,
-                   num_examples=300)
+                   irregular_no_p_wave=True, rr_target=True, augment_stretch=0.15, second_lead=32,
+                   record_balance=0.5, num_examples=300)
 
 
 def _assert_no_label_in_inputs(ds, v) -> int:

@@ -247,3 +247,45 @@ def test_cli_tokenizes_several_folders_into_one_set(mitdb_dir, tmp_path, hlmtune
     bad = subprocess.run([hlmtune_cli, "tokenize", "--records", str(a), str(b), "--records-list", str(a / "RECORDS"),
                           "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and "one --records folder" in bad.stderr
+
+
+def test_second_lead_shards(db, tmp_path, hlmtune_cli):
+    """``second_lead``: a ``lead2`` output per record (hashed, verified, resumed like the others),
+    the lead named in the record's metadata and the manifest; the stream, the beat table and the
+    run digest of a run without it are unchanged (``hlmtune tokenize --second-lead``)."""
+    from hlmtune.ecg_tokenizer.shards import ShardError, read_manifest, verify_shards
+
+    plain, two = tmp_path / "plain", tmp_path / "two"
+    tokenize_directory(db, plain, params=P, options=OPTS, records=GOOD, progress=False)
+    assert "second_lead" not in json.loads((plain / "manifest.json").read_text())["options"]  # older shards' digest kept
+    import subprocess
+
+    import wfdb
+
+    cmd = [hlmtune_cli, "tokenize", "--records", str(db), "--records-list", str(_list(tmp_path, GOOD)),
+           "--out", str(two), "--sampto", str(360 * 45), "--second-lead", "--no-progress", "--workers", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = read_manifest(two)
+    assert m["options"]["second_lead"] is True
+    for rec, old in zip(m["records"], read_manifest(plain)["records"]):
+        assert rec["lead2"] == wfdb.rdheader(str(db / rec["record"].split("/")[-1])).sig_name[1] and rec["outputs"]["lead2"]["shape"] == [rec["n_beats"], P.window]
+        assert {k: rec["outputs"][k]["sha256"] for k in ("tokens", "beats")} == \
+            {k: old["outputs"][k]["sha256"] for k in ("tokens", "beats")}
+        arr = np.load(two / rec["outputs"]["lead2"]["file"])
+        lay = m["vocab"]["layout"]
+        assert arr.dtype.str == m["token_dtype"] and lay["sample_base"] <= arr.min() and arr.max() < lay["rhythm_base"]
+    assert verify_shards(two) == []
+    assert "tokenized 0 records, skipped 3 already done" in subprocess.run(cmd, capture_output=True, text=True).stdout
+    f = two / m["records"][0]["outputs"]["lead2"]["file"]
+    f.write_bytes(f.read_bytes()[:-4])
+    with pytest.raises(ShardError, match="lead2.npy"):
+        read_manifest(two)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert "tokenized 1 records, skipped 2 already done" in r.stdout and verify_shards(two) == []
+
+
+def _list(tmp_path: Path, names) -> Path:
+    p = tmp_path / "list.txt"
+    p.write_text("\n".join(names) + "\n")
+    return p

@@ -197,3 +197,42 @@ def test_a_bundle_branch_block_beat_of_another_database_is_an_n_beat(mitdb_dir, 
 
     n_id = get_vocab(TokenizerParams()).classes.index("N")
     assert AAMI_MAP["B"] == "N" and int(tok.beats["label"][at]) == n_id and not rec.dropped
+
+
+def test_second_lead_is_the_other_signal(real_mitdb_dir):
+    """``second_lead``: the first signal other than the chosen lead, read and checked like it."""
+    import wfdb
+
+    rec = load_record(real_mitdb_dir, "100", sampto=3600, second_lead=True)  # MLII, V5
+    raw = wfdb.rdrecord(str(real_mitdb_dir / "100"), physical=False, sampto=3600)
+    assert rec.lead == "MLII" and rec.lead2 == "V5" and rec.gain2_per_mv == 200.0
+    assert np.array_equal(rec.signal2, raw.d_signal[:, 1]) and np.array_equal(rec.signal, raw.d_signal[:, 0])
+    assert rec.without_signal().signal2.size == 0
+    # MLII second in the file (114: V5, MLII): the second lead is signal 0
+    rec = load_record(real_mitdb_dir, "114", sampto=3600, second_lead=True)
+    assert (rec.lead, rec.lead2) == ("MLII", "V5")
+    # a fallback first lead (102: V5, V2, no MLII): the second lead is the next signal
+    assert load_record(real_mitdb_dir, "102", sampto=3600, second_lead=True).lead2 == "V2"
+    assert load_record(real_mitdb_dir, "100", sampto=3600).signal2 is None  # off by default
+
+
+def test_second_lead_errors_name_the_record(mitdb_dir, tmp_path):
+    import wfdb
+
+    rec = wfdb.rdrecord(str(mitdb_dir / "100"), sampto=360 * 20)
+    ann = wfdb.rdann(str(mitdb_dir / "100"), "atr", sampto=360 * 20)
+    wfdb.wrsamp("one", fs=360, units=["mV"], sig_name=["MLII"], p_signal=rec.p_signal[:, :1], fmt=["212"],
+                adc_gain=[200.0], baseline=[1024], write_dir=str(tmp_path))
+    wfdb.wrann("one", "atr", ann.sample, symbol=ann.symbol, write_dir=str(tmp_path))
+    assert load_record(tmp_path, "one").lead == "MLII"  # one lead is fine without second_lead
+    with pytest.raises(RecordError, match=r"record one: second_lead needs a second signal: the record has one \(MLII\)"):
+        load_record(tmp_path, "one", second_lead=True)
+
+    def flatten_second(p):
+        p[:, 1] = 0.25
+        return p
+
+    _rewrite(mitdb_dir, tmp_path, "flat2", flatten_second)
+    load_record(tmp_path, "flat2")
+    with pytest.raises(RecordError, match=r"record flat2: flat signal: lead V\d is constant"):
+        load_record(tmp_path, "flat2", second_lead=True)

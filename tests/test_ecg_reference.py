@@ -76,6 +76,28 @@ def test_golden_is_sane(real_mitdb_dir, golden):
         assert s["n_tokens"] == 2 + s["n_beats"] * (2 + 128)  # <sep> rr q*128: no label token
 
 
+
+@pytest.mark.parametrize("name", ["119", "114"])
+def test_second_lead_matches_the_reference(real_mitdb_dir, name):
+    """``second_lead``: the fast path's (n_beats, window) second-lead tokens equal the per-beat,
+    per-sample reference's; the stream and the beat table are those of a one-lead read; each row
+    is the V1 (or V5) window of its beat: at the R peak the second lead's level is the one the
+    reference quantizes from that lead's own samples, not the first lead's."""
+    import numpy as np
+
+    p = TokenizerParams(rr_bins=64)
+    rec = load_record(real_mitdb_dir, name, sampto=360 * 20, second_lead=True)
+    fast, ref = tokenize_record(rec, p), tokenize_record_reference(rec, p)
+    assert fast.lead2.shape == (fast.beats.size, p.window) and fast.lead2.dtype == fast.tokens.dtype
+    assert np.array_equal(fast.lead2, ref.lead2)
+    one = tokenize_record(load_record(real_mitdb_dir, name, sampto=360 * 20), p)
+    assert one.lead2 is None and np.array_equal(one.tokens, fast.tokens) and np.array_equal(one.beats, fast.beats)
+    q = fast.tokens[fast.beats["token_start"][:, None] + 2 + np.arange(p.window)]  # (n_beats, W) first lead
+    assert np.mean(q != fast.lead2) > 0.5  # another signal, not a copy of the first
+    swapped = load_record(real_mitdb_dir, name, sampto=360 * 20, lead=rec.lead2, second_lead=True)
+    assert swapped.lead2 == rec.lead and np.array_equal(tokenize_record(swapped, p).lead2, q)
+
+
 if __name__ == "__main__":  # regenerate (review the diff before committing)
     root = Path(os.environ["HLM_DATA"]) / "mitdb"
     out = {}

@@ -301,6 +301,26 @@ def test_the_data_digest_follows_the_shards_and_the_split_not_the_bookkeeping(tm
     assert digest({**manifest, "records": [rec("a", "1"), rec("b", "9")]}) != first
     assert digest({**manifest, "params": {"rr_bins": 32}}) != first
     assert digest(lists={"DS1": ["b"], "DS2": ["a"]}) != first
+    # the second lead's windows: what the fine-tunes read changes, what the pretraining reads does not
+    with_lead2 = {**manifest, "records": [{**r, "outputs": {**r["outputs"], "lead2": {"sha256": "v" + r["record"]}}}
+                                          for r in manifest["records"]]}
+    assert digest(with_lead2) != first
+    (tokens / "manifest.json").write_text(json.dumps(with_lead2))
+    kinds = ("beats", "tokens")
+    assert data_digest(tokens, {"DS1": ["a"], "DS2": ["b"]}, ("a", "b"), outputs=kinds) == first
+    (tokens / "manifest.json").write_text(json.dumps(manifest))
+    assert data_digest(tokens, {"DS1": ["a"], "DS2": ["b"]}, ("a", "b"), outputs=kinds) == first
+
+
+def test_the_second_lead_is_tokenized_when_the_fine_tunes_read_it():
+    """The last ``dataset.second_lead`` override decides; without one, the ecg_lora config (off)."""
+    from hlmtune.hlm.pipeline import wants_second_lead
+
+    assert wants_second_lead([]) is False
+    assert wants_second_lead(["dataset.second_lead=32"]) is True
+    assert wants_second_lead(["dataset.second_lead=32", "dataset.second_lead=0"]) is False
+    assert wants_second_lead(["dataset.next_rr=False", " dataset.second_lead = 16"]) is True
+    assert wants_second_lead(["dataset.second_lead=x"]) is True  # the recipe's validation names the value
 
 
 def test_a_kept_stage_reports_the_time_it_took_when_it_ran(tmp_path, capsys):

@@ -377,6 +377,37 @@ def test_eval_on_detected_beats_scores_every_reference_beat_once(shards, lora_ru
     assert (out / "confusion.csv").read_text().splitlines()[0].endswith(",no beat")
 
 
+def test_a_run_with_the_second_lead_trains_and_evaluates_in_every_mode(shards, pretrained, tmp_path):
+    """dataset.second_lead through the real CLI: the fine-tune's prompts carry the second lead's
+    samples (32 more tokens), its loss falls, `hlmtune eval` scores the test records and a folder of
+    another database (tokenized with its second lead), and a folder whose records have one lead is
+    refused with the record named."""
+    import wfdb
+
+    from hlm_fixtures import svdb_style_folder
+
+    run = tmp_path / "run"
+    run_hlm("lora_finetune_distributed", "ecg_lora", run, shards=shards,
+            overrides=[*FINETUNE, f"pretrain_dir={pretrained}", "max_steps_per_epoch=20", "dataset.second_lead=32"])
+    assert _drop(losses(run)) > 1.0
+    m = _eval(run, tmp_path / "eval")
+    assert m["n_examples"] == 64 and m["train_records"]
+    folder = svdb_style_folder(tmp_path / "otherdb", names=("900",), seconds=60)
+    m = _eval(run, tmp_path / "eval_other", "--test-records", str(folder))
+    assert set(m["results"][m["result"]]["per_record"]) == {"otherdb/900"}
+    lead2 = json.loads((tmp_path / "eval_other" / "test_tokens" / "manifest.json").read_text())["records"][0]["lead2"]
+    assert lead2 == "ECG2"
+    one = tmp_path / "onelead"
+    one.mkdir()
+    rec, ann = wfdb.rdrecord(str(folder / "900")), wfdb.rdann(str(folder / "900"), "atr")
+    wfdb.wrsamp("950", fs=128, units=["mV"], sig_name=["ECG1"], p_signal=rec.p_signal[:, :1], fmt=["212"],
+                write_dir=str(one))
+    wfdb.wrann("950", "atr", ann.sample[:-1], symbol=ann.symbol[:-1], write_dir=str(one))
+    bad = subprocess.run([HLMTUNE, "eval", "--config", str(run), "--test-records", str(one), "--out",
+                          str(tmp_path / "bad")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "onelead/950: second_lead needs a second signal" in bad.stderr, bad.stderr[-2000:]
+
+
 def test_the_header_describes_what_the_run_trained_on_not_the_override(shards, lora_run, tmp_path):
     """An evaluation-time split override changes the test records, not what the run trained on."""
     other = tmp_path / "other.json"

@@ -547,6 +547,10 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     assert balance.fixed == irregular.fixed + irregular.candidates[0].overrides
     assert [(c.name, c.overrides, c.flags) for c in balance.candidates] == [
         ("recbal05", ("dataset.record_balance=0.5",), ()), ("pretrain1200", (), ("--pretrain-steps", "1200"))]
+    lead = plans["hlm_second_lead"]  # docs/hlm.md: the second lead's QRS for V, hlm_record_balance's rule and baseline
+    assert (lead.figure, lead.min_gain, lead.min_folds, lead.cv, lead.env, lead.fixed) == (
+        "sv_f1", 0.015, 3, second.cv, big.env, balance.fixed)
+    assert [(c.name, c.overrides, c.flags) for c in lead.candidates] == [("second_lead32", ("dataset.second_lead=32",), ())]
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
     assert sel.resolve_plan("hlm_smoke") == sel.PLANS_DIR / "hlm_smoke.yaml"

@@ -84,12 +84,13 @@ def match_beats(reference: np.ndarray, detected: np.ndarray, kept: np.ndarray,
 
 
 def _reading_options(manifest: Dict[str, Any]) -> Dict[str, Any]:
-    """The record options of a shard set that choose which samples of which lead are read
+    """The record options of a shard set that choose which samples of which leads are read
     (:class:`~hlmtune.ecg_tokenizer.pipeline.RecordOptions`' defaults where its manifest has none)."""
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions
 
     default, opts = RecordOptions(), manifest.get("options") or {}
-    return {k: opts.get(k, getattr(default, k)) for k in ("lead", "lead_fallback", "annotation_ext", "sampto")}
+    return {k: opts.get(k, getattr(default, k)) for k in ("lead", "lead_fallback", "annotation_ext", "sampto",
+                                                          "second_lead")}
 
 
 def detector_matching(detector_manifest: Dict[str, Any], *, class_ids: Sequence[int],
@@ -112,7 +113,7 @@ def detector_matching(detector_manifest: Dict[str, Any], *, class_ids: Sequence[
 
     to_class = symbol_to_class(label_mode)
     wanted = set(int(c) for c in class_ids)
-    reading = _reading_options(detector_manifest)
+    reading = {**_reading_options(detector_manifest), "second_lead": False}  # the reference beats: positions only
     out = Matching()
     tp = fn = fp = 0
     d = Path(detector_manifest["_dir"])

@@ -814,8 +814,8 @@ def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
     """Tokenize a WFDB folder of test patients as the run's shards were (``--test-records``).
 
     Every record with a beat annotation file (its ``RECORDS`` list, else every ``*.hea``) is
-    read at its own sampling rate and resampled as the training records were; its ids are
-    ``<folder name>/<record>``. Beat symbols outside the WFDB table are dropped and counted
+    read at its own sampling rate and resampled as the training records were (with its second lead
+    when the run's prompts show one: ``dataset.second_lead``); its ids are ``<folder name>/<record>``. Beat symbols outside the WFDB table are dropped and counted
     (strict for training data, lenient for a test folder: a report says how many).
 
     Args:
@@ -844,8 +844,10 @@ def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
     run_shards = read_manifest(Path(str(cfg.tokenizer.get("manifest_path") or cfg.get("shards_dir"))))
     params = TokenizerParams.from_dict(run_shards["params"])
     db = database_name(folder)
+    second = bool((cfg.get("dataset") or {}).get("second_lead"))  # the run's prompts show the second lead
     summary = tokenize_sources([RecordSource(folder, db, names)], out / "test_tokens", params=params,
-                               options=RecordOptions(on_unknown_symbols="drop", on_missing_annotations="error"),
+                               options=RecordOptions(on_unknown_symbols="drop", on_missing_annotations="error",
+                                                     second_lead=second),
                                workers=1, progress=False)
     if not summary.ok:
         raise RuntimeError(f"--test-records {folder}: records that cannot be read:\n" + summary.format())

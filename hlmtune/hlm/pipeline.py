@@ -300,12 +300,15 @@ def _train_stage(name: str, run_dir: Path, done: Path, force: bool, env: Dict[st
     return took, True
 
 
-def data_digest(tokens: Path, lists: Dict[str, Sequence[str]], records: Sequence[str]) -> str:
+def data_digest(tokens: Path, lists: Dict[str, Sequence[str]], records: Sequence[str],
+                outputs: Optional[Sequence[str]] = None) -> str:
     """sha256 of what a job's models read: the tokenizer parameters, each record's shards (the
     sha256s the token manifest records for them) and the split lists.
 
     Library versions and other manifest bookkeeping are left out, so that re-tokenizing the same
-    records the same way keeps the trained models.
+    records the same way keeps the trained models. ``outputs`` limits the shards to those kinds
+    (the pretraining reads ``tokens`` and ``beats``, not the second lead's ``lead2``, so shards
+    re-made with the second lead keep its models); None: every kind.
     """
     import hashlib
 
@@ -314,7 +317,8 @@ def data_digest(tokens: Path, lists: Dict[str, Sequence[str]], records: Sequence
     manifest = json.loads((Path(tokens) / "manifest.json").read_text())
     by_name = {r["record"]: r for r in manifest["records"]}
     ids = [r for r in match_records(records, list(by_name)) if r]  # names as lists give them -> shard ids
-    shards = {r: {k: o.get("sha256") for k, o in sorted(by_name[r]["outputs"].items())} for r in ids}
+    shards = {r: {k: o.get("sha256") for k, o in sorted(by_name[r]["outputs"].items()) if outputs is None or k in outputs}
+              for r in ids}
     doc = {"params": manifest.get("params"), "shards": shards, "split": {k: list(v) for k, v in lists.items()}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -534,7 +538,7 @@ def run_pipeline(
               force=force)
     t_all = time.perf_counter()
     stage_data(job, data=data, source=source, svdb=svdb)
-    stage_tokenize(job, tokens_dir=tokens_dir)
+    stage_tokenize(job, tokens_dir=tokens_dir, second_lead=wants_second_lead(finetune_overrides))
     pre = stage_pretrain(job, steps=pretrain_steps, pretrainings=pretrainings, pretrain_seed=pretrain_seed)
     if pretrain_only:
         return out
@@ -563,6 +567,7 @@ class Job:
         extra_db (Optional[Path]): svdb's folder when its patients train too.
         tokens (Optional[Path]): the shards (stage 2).
         data (str): digest of what the models read (:func:`data_digest`).
+        pretrain_data (str): the same of what the pretraining reads (token streams and beat tables).
         env (Dict[str, str]): environment of the training commands.
         common (List[str]): overrides every training command gets (shards, split, extra records).
         timings (Dict[str, Optional[float]]): wall seconds per stage (``pretrain`` / ``finetune``:
@@ -581,6 +586,7 @@ class Job:
     extra_db: Optional[Path] = None
     tokens: Optional[Path] = None
     data: str = ""
+    pretrain_data: str = ""
     env: Dict[str, str] = field(default_factory=dict)
     common: List[str] = field(default_factory=list)
     timings: Dict[str, Optional[float]] = field(default_factory=dict)
@@ -612,11 +618,30 @@ def stage_data(job: Job, *, data: Optional[str], source: str, svdb: Optional[str
     job.timings["data"] = time.perf_counter() - t0
 
 
-def stage_tokenize(job: Job, *, tokens_dir: Optional[Path]) -> None:
+def wants_second_lead(finetune_overrides: Sequence[str]) -> bool:
+    """Whether the fine-tunes read the second lead: the last ``dataset.second_lead=`` override, else
+    the ``ecg_lora`` config's ``dataset.second_lead`` (0 or absent: no)."""
+    for kv in reversed(list(finetune_overrides)):
+        key, _, value = kv.partition("=")
+        if key.strip() == "dataset.second_lead":
+            try:
+                return int(value) > 0
+            except ValueError:
+                return True  # not a number: tokenize the lead, the recipe's validation names the value
+    import yaml
+
+    from hlmtune.registry import resolve_config
+
+    cfg = yaml.safe_load(resolve_config("ecg_lora").read_text()) or {}
+    return bool((cfg.get("dataset") or {}).get("second_lead"))
+
+
+def stage_tokenize(job: Job, *, tokens_dir: Optional[Path], second_lead: bool = False) -> None:
     """Stage 2: the shards (resumed record by record) and the digest of what the models read.
 
     MIT-BIH records become ``mitdb/<record>`` (a split file's database keeps its own names), svdb's
-    ``svdb/<record>``, every one at the tokenizer's rate. The report of an earlier call is removed
+    ``svdb/<record>``, every one at the tokenizer's rate; with ``second_lead`` (the fine-tunes read
+    it) each beat's window of the record's second lead too. The report of an earlier call is removed
     once the input is known good: a call that fails while training or evaluating leaves no report
     of the models it was replacing.
     """
@@ -629,8 +654,9 @@ def stage_tokenize(job: Job, *, tokens_dir: Optional[Path]) -> None:
     sources = [RecordSource(job.db, "mitdb" if job.split_file is None else None, records)]
     if job.extra_db is not None:
         sources.append(RecordSource(job.extra_db, "svdb"))
-    summary = tokenize_sources(sources, job.tokens, params=TokenizerParams(rr_bins=RR_BINS), options=RecordOptions(),
-                               workers=min(2, os.cpu_count() or 1), progress=True)
+    summary = tokenize_sources(sources, job.tokens, params=TokenizerParams(rr_bins=RR_BINS),
+                               options=RecordOptions(second_lead=second_lead), workers=min(2, os.cpu_count() or 1),
+                               progress=True)
     if not summary.ok:
         raise RuntimeError("tokenize failed for some records:\n" + summary.format())
     job.timings["tokenize"] = time.perf_counter() - t0
@@ -639,6 +665,7 @@ def stage_tokenize(job: Job, *, tokens_dir: Optional[Path]) -> None:
     # file or re-tokenized records under the same paths redo training and evaluation.
     extra_ids = [r["record"] for r in summary.manifest["records"] if r["record"].startswith("svdb/")]
     job.data = data_digest(job.tokens, job.lists, records + extra_ids)
+    job.pretrain_data = data_digest(job.tokens, job.lists, records + extra_ids, outputs=("beats", "tokens"))
     job.env = dict(os.environ)
     # One intra-op thread per rank on a CPU host (ranks x threads = cores), as torchrun does for >1 rank.
     job.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // job.nproc))
@@ -670,7 +697,7 @@ def stage_pretrain(job: Job, *, steps: int, pretrainings: int, pretrain_seed: in
             f"pretraining {job.model} for {pre_steps} steps on {job.nproc} CPU rank(s){windows}"
             + (f", seed {s}" if s else "") + (f" ({p + 1} of {pretrainings})" if pretrainings > 1 else ""),
             _train_cmd(job.nproc, "full_finetune_distributed", "ecg_pretrain", [*over, *([f"seed={s}"] if s else [])], run),
-            root=job.root, data=job.data,
+            root=job.root, data=job.pretrain_data,
         )
         done.seconds.append(took)
         done.redone.append(ran)
