@@ -458,12 +458,12 @@ class ECGBeatClassificationDataset(Dataset):
         if o.normalize_amplitude:
             self.amp2 = [lead_amplitude_lut(self.beats.lead2(i), self.vocab) for i in range(n)]
         if o.template_beats:  # (n_blocks, W) per record: the second lead's typical beat, as the first's
-            base = self.vocab.sample_base
             self.templates2 = []
             for i in range(n):
-                v = np.asarray(self.beats.lead2(i), np.int64)
-                mv = dequantize((v if self.amp2 is None else self.amp2[i][v]) - base, self._edges)  # (n_beats, W)
-                self.templates2.append(base + quantize(beat_templates(mv, int(o.template_beats)), self._edges))
+                v = np.asarray(self.beats.lead2(i), np.int64)  # (n_beats, W)
+                v = v if self.amp2 is None else self.amp2[i][v]
+                self.templates2.append(self._template_tokens(dequantize(v - self.vocab.sample_base, self._edges),
+                                                             int(o.template_beats)))
 
     def _second_lead_samples(self, i: int, j: int, j_target: int, shift: int, gain: Optional[np.ndarray],
                              stretch: float, template_shown: bool) -> np.ndarray:
@@ -489,8 +489,7 @@ class ECGBeatClassificationDataset(Dataset):
         if template_shown and t is not None:
             v = t
         if self.template_delta and t is not None:  # unlike this patient's usual beat in this lead, in mV
-            base, edges = self.vocab.sample_base, self._edges
-            v = base + quantize(dequantize(v - base, edges) - dequantize(t - base, edges), edges)
+            v = self._delta(v, t)
         return np.asarray(v, np.int64)
 
     def _draw_weights(self, draw: BeatDraw) -> Optional[np.ndarray]:
@@ -624,8 +623,16 @@ class ECGBeatClassificationDataset(Dataset):
 
     def _templates(self, i: int, beats: int) -> np.ndarray:
         """(n_blocks, W) template token ids of record ``i`` (:func:`beat_templates`)."""
-        mv = self._waves_mv(i, None if self.amp is None else self.amp[i])  # (n_beats, W)
-        return self.vocab.sample_base + quantize(beat_templates(mv, beats), self._edges)
+        return self._template_tokens(self._waves_mv(i, None if self.amp is None else self.amp[i]), beats)
+
+    def _template_tokens(self, waves_mv: np.ndarray, beats: int) -> np.ndarray:
+        """(n_blocks, W) token ids of :func:`beat_templates` over one lead's (n_beats, W) windows in mV."""
+        return self.vocab.sample_base + quantize(beat_templates(waves_mv, beats), self._edges)
+
+    def _delta(self, samples: np.ndarray, template: np.ndarray) -> np.ndarray:
+        """``samples - template`` (sample tokens, same shape) in mV, quantized again: ``template_delta``."""
+        base, edges = self.vocab.sample_base, self._edges
+        return base + quantize(dequantize(samples - base, edges) - dequantize(template - base, edges), edges)
 
     def __len__(self) -> int:
         return int(self.index.size)
@@ -844,9 +851,7 @@ class ECGBeatClassificationDataset(Dataset):
                                                   int(self.params.pre) - self.offset)
             beat = np.concatenate([beat[:2], q])
         if self.template_delta:  # what differs from the patient's usual beat, in mV, quantized again
-            base, edges = self.vocab.sample_base, self._edges
-            diff = dequantize(beat[2:] - base, edges) - dequantize(tmpl - base, edges)  # (beat_samples,) mV
-            beat = np.concatenate([beat[:2], base + quantize(diff, edges)])
+            beat = np.concatenate([beat[:2], self._delta(beat[2:], tmpl)])  # (2 + beat_samples,)
         if self.second_lead:  # <sep> rr(i) q*beat_samples v*second_lead
             beat = np.concatenate([beat, self._second_lead_samples(i, shown, j, off - self.offset, lut, f, swapped)])
         return beat, tmpl
