@@ -9,12 +9,15 @@ and for variants that each add what a model-selection plan tried on top of it:
 
 * ``p_wave_beats: 8`` (plan ``hlm_p_wave``: the P-wave likeness of the 8 earlier beats, computed
   from every beat window of every record at build time);
-* ``early_n_weight: 8`` (plan ``hlm_early_n``: the draw weights of the early N beats).
+* ``early_n_weight: 8`` (plan ``hlm_early_n``: the draw weights of the early N beats);
+* ``second_lead: 32`` (plan ``hlm_second_lead``: 32 samples of the record's second lead after the
+  first lead's, with their own templates and amplitude map).
 
 Reported: build seconds (best and median of ``--repeats``, variants interleaved), examples per second
 over the first ``--examples`` examples of the draw (best of the repeats), each as a ratio to the
 config's own row. Tokens: the records tokenized once into a temporary folder as ``hlmtune demo``
-tokenizes them (``TokenizerParams(rr_bins=64)``): MIT-BIH DS1 of ``$HLM_DATA/mitdb`` and every record
+tokenizes them (``TokenizerParams(rr_bins=64)``, with the second lead's windows, which only the
+``second_lead`` row reads): MIT-BIH DS1 of ``$HLM_DATA/mitdb`` and every record
 of ``$HLM_DATA/svdb`` (the 61 training patients), or the folders given with ``--records``. One
 process, one thread (the data loader's workers each do the same work on their share).
 
@@ -37,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 # Dataset keys that choose records, not what an example shows (the benchmark reads every record).
 SOURCE_KEYS = ("_component_", "split", "split_file", "extra_records", "shards_dir", "records", "random_test_fraction")
-VARIANTS = {"p_wave_beats 8": {"p_wave_beats": 8}, "early_n_weight 8": {"early_n_weight": 8.0}}
+VARIANTS = {"p_wave_beats 8": {"p_wave_beats": 8}, "early_n_weight 8": {"early_n_weight": 8.0},
+            "second_lead 32": {"second_lead": 32}}
 
 
 def dataset_options(config: Path) -> Dict[str, Any]:
@@ -50,14 +54,15 @@ def dataset_options(config: Path) -> Dict[str, Any]:
 
 def tokenize(folders: Sequence[Tuple[Path, str, Optional[List[str]]]], out: Path) -> Dict[str, Any]:
     """Tokenize ``folders`` (path, database name, records or None for all) into ``out`` as ``hlmtune
-    demo`` does; the manifest."""
+    demo`` does, the second lead's windows included; the manifest."""
     from hlmtune.ecg_tokenizer.pipeline import RecordOptions, RecordSource, tokenize_sources
     from hlmtune.ecg_tokenizer.shards import read_manifest
     from hlmtune.ecg_tokenizer.vocab import TokenizerParams
     from hlmtune.hlm.pipeline import RR_BINS
 
     sources = [RecordSource(d, db, names) for d, db, names in folders]
-    summary = tokenize_sources(sources, out, params=TokenizerParams(rr_bins=RR_BINS), options=RecordOptions(),
+    summary = tokenize_sources(sources, out, params=TokenizerParams(rr_bins=RR_BINS),
+                               options=RecordOptions(second_lead=True),
                                workers=1, progress=False)
     if not summary.ok:
         raise SystemExit("tokenize failed for some records:\n" + summary.format())

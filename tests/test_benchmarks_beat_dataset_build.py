@@ -41,6 +41,8 @@ def test_the_config_s_example_keys_reach_the_dataset(bench, records, tmp_path):
     assert ds.options.template_beats == cfg["template_beats"] and ds.p_wave is None
     with_p = bench.build(manifest, {**opts, **bench.VARIANTS["p_wave_beats 8"]})
     assert with_p.p_wave is not None and len(with_p.example(5).feature_tokens) == 1
+    with_lead2 = bench.build(manifest, {**opts, **bench.VARIANTS["second_lead 32"]})
+    assert len(with_lead2.example(5).tokens) == len(ds.example(5).tokens) + 32
 
 
 def test_prints_every_row_with_its_ratio(bench, records, capsys):
