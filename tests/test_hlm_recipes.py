@@ -377,6 +377,24 @@ def test_eval_on_detected_beats_scores_every_reference_beat_once(shards, lora_ru
     assert (out / "confusion.csv").read_text().splitlines()[0].endswith(",no beat")
 
 
+def test_an_ensemble_of_seeds_evaluates_on_detected_beats_and_on_another_folder(shards, lora_run, tmp_path):
+    """A job's seed runs (another ``dataset.seed``: the same test prompts) make one ensemble with
+    --beats detector and with --test-records: each member's test set is built from the same beats
+    as the first run's (detected ones, or the folder's), not from the annotated test split."""
+    from hlm_fixtures import svdb_style_folder
+
+    seed1 = _member(lora_run, tmp_path / "seed1", noise=0.5, seed=1)
+    folder = svdb_style_folder(tmp_path / "otherdb", names=("900",), seconds=60)
+    for mode, extra in (("detector", ("--beats", "detector")), ("folder", ("--test-records", str(folder)))):
+        m = _eval(lora_run, tmp_path / mode, "--ensemble", str(seed1), *extra)
+        assert m["row_order"][:3] == ["HLM ensemble of 2 runs (mean class log-prob)", "member 1 (run)",
+                                      "member 2 (seed1)"], (mode, m["row_order"])
+        if mode == "detector":
+            assert m["beats"]["positions"] == "detector" and m["beats"]["matched"] > 0
+        else:
+            assert m["test_databases"] == ["otherdb"]
+
+
 def test_a_run_with_the_second_lead_trains_and_evaluates_in_every_mode(shards, pretrained, tmp_path):
     """dataset.second_lead through the real CLI: the fine-tune's prompts carry the second lead's
     samples (32 more tokens), its loss falls, `hlmtune eval` scores the test records and a folder of

@@ -429,18 +429,22 @@ def check_base_models(cfg: Any, test: Sequence[str]) -> None:
         ckpt = (up.get("checkpointer") or {}).get("checkpoint_dir")
 
 
-def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, split: str) -> List[str]:
+def _check_member(cfg: Any, kind: str, ds: Any, run: Path, member_cfg: Any, split: str, *,
+                  external: Optional[Dict[str, Any]] = None, detector: Optional[str] = None,
+                  out: Optional[Path] = None) -> List[str]:
     """Refuse an ensemble member whose test prompts are not ``ds``'s; returns its training records.
 
-    The member's own test set is built from its own config (so its training records are checked
-    against the test split like the first run's); the two sets must hold the same prompts: the
-    same number of examples, and the same tokens at 257 spread-out examples (first and last
-    included).
+    The member's own test set is built from its own config and the same test beats as the first
+    run's (``split``, or ``external``'s folder, at the annotations' or ``detector``'s positions), so
+    its training records are checked against the test records like the first run's; the two sets
+    must hold the same prompts: the same number of examples, and the same tokens at 257
+    spread-out examples (first and last included).
     """
     from omegaconf import OmegaConf
     from torchtune import config
 
-    mkind, mds, mtrain, _, _ = _test_dataset(member_cfg, config.instantiate(member_cfg.tokenizer), split)
+    mkind, mds, mtrain, _, _ = _test_dataset(member_cfg, config.instantiate(member_cfg.tokenizer), split,
+                                             external=external, detector=detector, out=out)
 
     def probe(d: Any, k: int) -> List[int]:
         return list(d.window(k)[0]) if kind == "stream" else list(d.prompt(k))
@@ -732,10 +736,12 @@ def evaluate(
     external = external_test_shards(cfg, Path(test_records), out) if test_records is not None else None
     if beats not in ("annotations", "detector"):
         raise ValueError(f"--beats must be annotations or detector, got {beats!r}")
+    found_by = detector if beats == "detector" else None  # None: the reference annotations' positions
     kind, ds, train_records, test_ids, matching = _test_dataset(
-        cfg, tokenizer, split, external=external, detector=detector if beats == "detector" else None, out=out)
+        cfg, tokenizer, split, external=external, detector=found_by, out=out)
     for d, mcfg in members:
-        train_records = list(dict.fromkeys([*train_records, *_check_member(cfg, kind, ds, d, mcfg, split)]))
+        train_records = list(dict.fromkeys([*train_records, *_check_member(
+            cfg, kind, ds, d, mcfg, split, external=external, detector=found_by, out=out)]))
     test = collect_prompts(kind, ds, max_examples)
     if matching is not None:
         apply_matching(test, ds, matching, complete=max_examples is None)
