@@ -98,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--rr-max", type=float, default=2.0, metavar="S", help="upper edge of the last RR bin (seconds)")
     g = p.add_argument_group("beats and leads")
     g.add_argument("--lead", default="MLII", help="lead name, or signal index (e.g. 0)")
-    g.add_argument("--lead-fallback", choices=("first", "error"), default="first", help="when the lead is absent: use signal 0 (noted in the manifest) or fail the record")
+    g.add_argument("--lead-fallback", choices=("first", "error"), default="first", help="when the lead is absent: use it under another name (MLII: ML2 or II, any case), else signal 0 (noted in the manifest), or fail the record")
     g.add_argument("--second-lead", action="store_true", help="also write each beat's window of the second lead (the first other signal: MIT-BIH's V1, svdb's ECG2) as records/<id>.lead2.npy, for the beat prompt's dataset.second_lead; a record of one signal fails (scheme samples)")
     g.add_argument("--annotation-ext", default="atr", metavar="EXT", help="reference beat annotation file extension")
     g.add_argument("--no-annotations", action="store_true", help="ignore annotation files for beat positions: run the R-peak detector (Se/+P vs the annotations is reported when they exist)")

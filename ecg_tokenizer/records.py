@@ -204,8 +204,18 @@ def _formats_fit_int16(hea: Path) -> bool:
         return False
 
 
+# Other names of the same lead, tried (in order) before signal 0 when lead_fallback is "first".
+# MLII is limb lead II with its electrodes moved onto the torso (the Holter placement of MIT-BIH);
+# 12-lead databases name the standard limb lead "II" (St Petersburg INCART: I, II, III, AVR, ...),
+# and some Holter databases spell the modified lead "ML2". The morphology the models learned from
+# MLII is closest in lead II; signal 0 of a 12-lead record is lead I.
+LEAD_OTHER_NAMES: Dict[str, Tuple[str, ...]] = {"MLII": ("ML2", "II")}
+
+
 def _pick_lead(name: str, sig_names: List[str], lead: str, lead_fallback: str, notes: List[str]) -> int:
-    """Index of the requested lead (name, or an integer index given as a string)."""
+    """Index of the requested lead (name, or an integer index given as a string); with
+    ``lead_fallback="first"`` an absent lead is looked for under its other names
+    (:data:`LEAD_OTHER_NAMES`, any case), then signal 0 is taken (noted either way)."""
     if lead.isdigit():
         idx = int(lead)
         if idx >= len(sig_names):
@@ -214,6 +224,13 @@ def _pick_lead(name: str, sig_names: List[str], lead: str, lead_fallback: str, n
     if lead in sig_names:
         return sig_names.index(lead)
     if lead_fallback == "first":
+        upper = [s.strip().upper() for s in sig_names]
+        for other in (lead, *LEAD_OTHER_NAMES.get(lead, ())):
+            if other.upper() in upper:
+                idx = upper.index(other.upper())
+                notes.append(f"lead {lead} absent, used {sig_names[idx]} (the same lead by another name; "
+                             f"signals: {sig_names})")
+                return idx
         notes.append(f"lead {lead} absent, used {sig_names[0]} (signals: {sig_names})")
         return 0
     raise RecordError(name, f"lead {lead} not in the record (signals: {sig_names})")

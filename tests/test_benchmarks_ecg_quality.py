@@ -26,6 +26,12 @@ def _load():
 def _fake_pipeline(calls, train_s):
     def run_pipeline(**kw):
         calls.append(kw)
+        if kw["train_only"]:  # the pipeline's training record: no report, DS2 unread
+            path = Path(kw["out"]) / "training.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"timings": {"tokenize": 1.0, "pretrain": train_s / 2, "finetune": train_s / 2,
+                                                    "kept_runs": 0, "total": train_s + 1}, "test_split_read": False}))
+            return path
         rep = Path(kw["out"]) / "report"
         rep.mkdir(parents=True)
         row = summarize(CONFUSION, CLASSES)
@@ -67,6 +73,19 @@ def test_flags_reach_the_pipeline_and_the_verdicts_follow_the_confusion(monkeypa
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["per_class_f1"]["S"] == pytest.approx(0.5)
     assert summary["train_s"] == 600.0
+
+
+def test_train_only_times_the_training_and_reads_no_test_split(monkeypatch, capsys, tmp_path):
+    rc, out, err, calls = _run(monkeypatch, capsys, ["--out", str(tmp_path / "w"), "--data", str(tmp_path),
+                                                     "--train-only"], train_s=32 * 60)
+    assert rc == 0, err
+    assert calls[0]["train_only"] is True
+    assert "DS2 was not read" in out and "F1 =" not in out
+    assert "training (pretrain + fine-tune) 32.0 min (budget 30 min: MISS)" in out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary == {"per_class_f1": None, "macro_f1": None, "train_s": 32 * 60.0, "test_split_read": False}
+    rc, out, err, calls = _run(monkeypatch, capsys, ["--out", str(tmp_path / "w2"), "--data", str(tmp_path)])
+    assert rc == 0 and calls[0]["train_only"] is False and "S F1 = 0.500" in out
 
 
 def test_default_seed_is_zero_and_over_budget_is_a_miss(monkeypatch, capsys, tmp_path):

@@ -44,6 +44,29 @@ def test_lead_fallback_and_error(real_mitdb_dir):
     assert load_record(real_mitdb_dir, "100", sampto=3600, lead="1").lead == "V5"
 
 
+def _rename_leads(d: Path, name: str, leads: list) -> None:
+    """Give the record's signals other names (the last field of each signal line of its header)."""
+    lines = (d / f"{name}.hea").read_text().splitlines()
+    for i, lead in enumerate(leads, start=1):
+        lines[i] = lines[i].rsplit(None, 1)[0] + " " + lead
+    (d / f"{name}.hea").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("second, want", [("II", "II"), ("ml2", "ml2"), ("mlii", "mlii"), ("V2", "I")])
+def test_mlii_is_found_under_the_names_of_the_same_lead(mitdb_dir, tmp_path, second, want):
+    """A 12-lead database names the limb lead MLII modifies "II" (INCART: I, II, III, ...); with the
+    default fallback it is read instead of signal 0 (lead I), and the note says so. Another lead
+    (V2) still falls back to signal 0; lead_fallback=error still refuses."""
+    d = copy_record(mitdb_dir, "100", tmp_path)
+    _rename_leads(d, "100", ["I", second])
+    rec = load_record(d, "100", sampto=3600)
+    assert rec.lead == want
+    assert ("by another name" in rec.notes[0]) == (want != "I") and "lead MLII absent" in rec.notes[0]
+    with pytest.raises(RecordError, match=r"record 100: lead MLII not in the record"):
+        load_record(d, "100", sampto=3600, lead_fallback="error")
+    assert load_record(d, "100", sampto=3600, lead="V5").lead == "I"  # other leads have no other names
+
+
 def test_missing_dat(mitdb_dir, tmp_path):
     d = copy_record(mitdb_dir, "100", tmp_path)
     (d / "100.dat").unlink()

@@ -470,6 +470,41 @@ def test_the_driver_runs_the_stages_in_order_on_stand_in_stages(tmp_path, monkey
                      ("evaluate", True, True), ("report", {"m": 1}, True)]
 
 
+def test_train_only_stops_before_the_test_split_and_records_the_training(tmp_path, monkeypatch):
+    """With train_only the driver trains and stops: no evaluation, no report, and training.json holds
+    the stages' times and each run, kept or redone (the benchmark's budget line reads it)."""
+    from hlmtune.hlm import pipeline as pl
+
+    pre = pl.Trained([tmp_path / "p"], [100.0], [True], [0])
+    ft = pl.Trained([tmp_path / "f0", tmp_path / "f1"], [200.0, None], [True, False], [0, 1])
+    calls = []
+
+    def pretrain(job, **kw):
+        job.timings["pretrain"] = 100.0
+        return pre
+
+    def finetune(job, p, **kw):
+        job.timings.update(finetune=None, kept_runs=1)
+        return ft
+
+    monkeypatch.setattr(pl, "stage_data", lambda job, **kw: calls.append("data"))
+    monkeypatch.setattr(pl, "stage_tokenize", lambda job, **kw: calls.append("tokenize"))
+    monkeypatch.setattr(pl, "stage_pretrain", pretrain)
+    monkeypatch.setattr(pl, "stage_finetune", finetune)
+    monkeypatch.setattr(pl, "stage_evaluate", lambda *a, **kw: calls.append("evaluate"))
+    monkeypatch.setattr(pl, "stage_report", lambda *a, **kw: calls.append("report"))
+    got = pl.run_pipeline(out=tmp_path / "job", source="synthetic", svdb="none", seeds=2, train_only=True)
+    assert got == (tmp_path / "job").resolve() / "training.json" and calls == ["data", "tokenize"]
+    record = json.loads(got.read_text())
+    assert record["test_split_read"] is False
+    assert record["timings"]["pretrain"] == 100.0 and record["timings"]["finetune"] is None
+    assert record["timings"]["total"] >= 0
+    assert record["runs"] == [
+        {"stage": "pretrain", "run": str(tmp_path / "p"), "seed": 0, "seconds": 100.0, "kept": False},
+        {"stage": "finetune", "run": str(tmp_path / "f0"), "seed": 0, "seconds": 200.0, "kept": False},
+        {"stage": "finetune", "run": str(tmp_path / "f1"), "seed": 1, "seconds": None, "kept": True}]
+
+
 def test_stage_data_alone_names_the_data_and_svdb(tmp_path, monkeypatch):
     from hlmtune.hlm import pipeline as pl
 

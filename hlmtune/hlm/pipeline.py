@@ -482,9 +482,10 @@ def run_pipeline(
     finetune_examples: int = FINETUNE_EXAMPLES, max_eval: Optional[int] = None, model: str = "hlm_1m", force: bool = False,
     seeds: int = 1, tokens_dir: Optional[Path] = None, finetune_overrides: Sequence[str] = (),
     calibration: Optional[Path] = None, pretrainings: int = 1, job_root: Optional[Path] = None,
-    pretrain_seed: int = 0, svdb: Optional[str] = "auto", pretrain_only: bool = False,
+    pretrain_seed: int = 0, svdb: Optional[str] = "auto", pretrain_only: bool = False, train_only: bool = False,
 ) -> Path:
-    """Run every stage (or those up to the pretraining); returns the report path (the job folder).
+    """Run every stage (or those up to the pretraining, or the fine-tunes); returns the report path
+    (the job folder, or the training record).
 
     Args:
         out (Path): demo folder (data, tokens, runs, report).
@@ -518,6 +519,10 @@ def run_pipeline(
             folder, or None / ``none`` (DS1 only).
         pretrain_only (bool): stop after the pretraining stage and return the job folder
             (``hlmtune cv --check-pretraining``: does this host pretrain to the same bytes?).
+        train_only (bool): stop after the fine-tunes, without reading the test split: writes
+            ``training.json`` (the stages' wall times and runs) in the job folder and returns its
+            path. A later call without it keeps the trained stages and evaluates them
+            (``benchmarks/ecg_quality.py --train-only``: the training budget, DS2 unread).
     """
     from hlmtune.files import ensure_dir
     from hlmtune.hlm.model import ARCHS
@@ -544,6 +549,9 @@ def run_pipeline(
         return out
     ft = stage_finetune(job, pre, seeds=seeds, finetune_examples=finetune_examples,
                         finetune_overrides=finetune_overrides)
+    if train_only:
+        job.timings["total"] = time.perf_counter() - t_all
+        return stage_training_record(job, pre, ft)
     metrics = stage_evaluate(job, ft, retrained=any(pre.redone) or any(ft.redone), max_eval=max_eval,
                              calibration=calibration)
     job.timings["total"] = time.perf_counter() - t_all
@@ -661,6 +669,7 @@ def stage_tokenize(job: Job, *, tokens_dir: Optional[Path], second_lead: bool = 
         raise RuntimeError("tokenize failed for some records:\n" + summary.format())
     job.timings["tokenize"] = time.perf_counter() - t0
     (job.out / "report" / "report.md").unlink(missing_ok=True)
+    (job.out / "training.json").unlink(missing_ok=True)  # likewise a train-only call's record
     # What the models learn from and are tested on, beyond the commands' paths: a changed split
     # file or re-tokenized records under the same paths redo training and evaluation.
     extra_ids = [r["record"] for r in summary.manifest["records"] if r["record"].startswith("svdb/")]
@@ -733,6 +742,21 @@ def stage_finetune(job: Job, pre: Trained, *, seeds: int, finetune_examples: int
     job.timings["finetune"] = _total(done.seconds)
     job.timings["kept_runs"] = sum(not r for r in (*pre.redone, *done.redone))
     return done
+
+
+def stage_training_record(job: Job, pre: Trained, ft: Trained) -> Path:
+    """Instead of stages 5-6 (``train_only``): ``training.json`` in the job folder, the stages' wall
+    times (``timings``, as ``report/timings.json`` has them) and each run's folder and seconds;
+    returns its path. The test split is not read."""
+    from hlmtune.files import atomic_write_text
+
+    record = {"timings": job.timings, "test_split_read": False,
+              "runs": [{"stage": stage, "run": str(run), "seed": seed, "seconds": s, "kept": not redone}
+                       for stage, t in (("pretrain", pre), ("finetune", ft))
+                       for run, seed, s, redone in zip(t.runs, t.seeds, t.seconds, t.redone)]}
+    path = job.out / "training.json"
+    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+    return path
 
 
 def stage_evaluate(job: Job, ft: Trained, *, retrained: bool, max_eval: Optional[int],
