@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -478,3 +479,24 @@ def test_hlm_runs_are_recognised_by_their_dataset_builder():
                      ({"shards_dir": "/t"}, "no dataset builder")]:
         with pytest.raises(ValueError, match=f"^r1 is not an HLM \\(ECG\\) run: its (config has )?.*{why}"):
             ev.check_hlm_run(OmegaConf.create(cfg), "r1")
+
+
+def test_a_train_only_job_folder_evaluates_its_ensemble(tmp_path):
+    """``--config JOB`` finds the job's final fine-tunes: the report's ensemble, else (a job of
+    ``ecg_quality.py --train-only``, no report yet) the fine-tunes training.json lists, else runs/lora."""
+    from hlmtune.hlm.evaluate import job_runs
+
+    job = tmp_path / "job"
+    for r in ("pretrain", "lora", "lora_seed1", "lora_seed2"):
+        (job / "runs" / r).mkdir(parents=True)
+        (job / "runs" / r / "torchtune_config.yaml").write_text("seed: 0\n")
+    assert job_runs(job) == [job / "runs" / "lora"]
+    elsewhere = "/elsewhere/job/runs"  # a moved job: found by name under its own runs/
+    runs = [{"stage": "pretrain", "run": f"{elsewhere}/pretrain"},
+            *({"stage": "finetune", "run": f"{elsewhere}/{r}"} for r in ("lora", "lora_seed1", "lora_seed2"))]
+    (job / "training.json").write_text(json.dumps({"timings": {}, "runs": runs}))
+    assert job_runs(job) == [job / "runs" / r for r in ("lora", "lora_seed1", "lora_seed2")]
+    (job / "report").mkdir()
+    (job / "report" / "metrics.json").write_text(json.dumps(
+        {"ensemble": [f"{elsewhere}/lora/epoch_0/m.bin", f"{elsewhere}/lora_seed2/epoch_0/m.bin"]}))
+    assert job_runs(job) == [job / "runs" / "lora", job / "runs" / "lora_seed2"]  # what the report scored

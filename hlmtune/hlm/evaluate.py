@@ -921,7 +921,8 @@ def job_runs(folder: Path) -> Optional[List[Path]]:
     """The final fine-tune(s) of a job folder (``hlmtune demo --out``, ``benchmarks/ecg_quality.py --out``).
 
     The runs the job's report scored (its ``report/metrics.json``: the ensemble's members, in
-    order), found by name under ``folder/runs`` so a moved job still works; else ``runs/lora``.
+    order), else those a train-only job fine-tuned (its ``training.json``), found by name under
+    ``folder/runs`` so a moved job still works; else ``runs/lora``.
 
     Returns:
         Optional[List[Path]]: the runs (the first is the ``--config`` run, the rest its ensemble),
@@ -931,9 +932,15 @@ def job_runs(folder: Path) -> Optional[List[Path]]:
     if (Path(folder) / "torchtune_config.yaml").is_file() or not runs.is_dir():
         return None
     metrics = Path(folder) / "report" / "metrics.json"
+    training = Path(folder) / "training.json"  # benchmarks/ecg_quality.py --train-only: no report yet
     if metrics.is_file():
         weights = json.loads(metrics.read_text()).get("ensemble") or []
         found = [runs / Path(w).parent.parent.name for w in weights]
+        if found and all((r / "torchtune_config.yaml").is_file() for r in found):
+            return found
+    elif training.is_file():
+        found = [runs / Path(r["run"]).name for r in json.loads(training.read_text()).get("runs", [])
+                 if r.get("stage") == "finetune"]
         if found and all((r / "torchtune_config.yaml").is_file() for r in found):
             return found
     return [runs / "lora"] if (runs / "lora" / "torchtune_config.yaml").is_file() else None
