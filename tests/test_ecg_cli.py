@@ -68,6 +68,18 @@ def test_download_offline_fails_fast_and_clearly(tmp_path, monkeypatch, capsys):
     assert "needs internet access" in err and "ConnectionError" in err
 
 
+@pytest.mark.parametrize("database", ["svdb", "incartdb"])
+def test_download_names_the_database_to_wfdb(tmp_path, monkeypatch, capsys, database):
+    """The extra training patients (svdb) and a database of patients nothing trains on (INCART,
+    for eval --test-records) are PhysioNet's names, handed to wfdb as they are."""
+    import wfdb
+
+    calls = []
+    monkeypatch.setattr(wfdb, "dl_database", lambda db_dir, dl_dir, records="all", **kw: calls.append((db_dir, records)))
+    assert main(["download", database, "--out", str(tmp_path / database), "--record", "I01"]) == 0
+    assert calls == [(database, ["I01"])] and f"downloaded {database} into" in capsys.readouterr().out
+
+
 def test_synth_then_tokenize_and_resume(tmp_path, capsys):
     assert main(["synth-ecg", "--out", str(tmp_path / "db"), "--n-records", "2", "--duration", "20"]) == 0
     args = ["tokenize", "--records", str(tmp_path / "db"), "--out", str(tmp_path / "out"), "--scheme", "samples",
