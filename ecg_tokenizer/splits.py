@@ -252,6 +252,23 @@ def check_disjoint(train: Sequence[str], test: Sequence[str], *, what: str = "ru
                              "inter-patient results need disjoint patients")
 
 
+def shared_with_training(train: Sequence[str], test: Sequence[str], *,
+                         digests: Optional[Dict[str, str]] = None) -> List[str]:
+    """The test records that were trained on, by id or by signal (as :func:`check_disjoint`
+    refuses them), in the order of ``test``.
+
+    Args:
+        train (Sequence[str]): training record ids.
+        test (Sequence[str]): test record ids.
+        digests (Optional[Dict[str, str]]): record id -> digest of its signal file.
+
+    Returns:
+        List[str]: the ids of ``test`` that meet ``train``.
+    """
+    trained, signals = set(train), {digests[r] for r in train if digests and digests.get(r)}
+    return [r for r in test if r in trained or (digests is not None and digests.get(r) in signals)]
+
+
 def random_beat_mask(record: str, n_beats: int, *, seed: int, test_fraction: float) -> np.ndarray:
     """Test membership of each beat of a record under the random beat split.
 

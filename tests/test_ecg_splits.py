@@ -88,3 +88,15 @@ def test_an_overlap_across_databases_is_refused_by_id_and_by_signal():
     # the same recording tokenized under two databases' names: one patient, refused
     with pytest.raises(sp.SplitError, match=r"same signal as test records \(copy/100 = mitdb/100\)"):
         sp.check_disjoint(["copy/100"], ["mitdb/100"], digests={"copy/100": "x", "mitdb/100": "x"})
+
+
+def test_the_test_records_a_run_trained_on_are_found_by_id_and_by_signal():
+    """What --skip-trained-records leaves out: exactly the records check_disjoint refuses, in test order."""
+    digests = {"svdb/800": "a", "other/900": "a", "other/901": "b", "svdb/802": "c"}
+    train = ["svdb/800", "svdb/802"]
+    test = ["other/901", "svdb/802", "other/900"]
+    assert sp.shared_with_training(train, test, digests=digests) == ["svdb/802", "other/900"]
+    assert sp.shared_with_training(train, test) == ["svdb/802"]  # without digests: by id only
+    left = [r for r in test if r not in sp.shared_with_training(train, test, digests=digests)]
+    sp.check_disjoint(train, left, digests=digests)  # what remains is disjoint
+    assert sp.shared_with_training(train, ["other/901"], digests={"other/901": None, "svdb/800": None}) == []

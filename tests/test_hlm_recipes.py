@@ -342,6 +342,28 @@ def test_eval_on_a_folder_of_another_rate_and_database_and_its_refusals(shards, 
     bad = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--test-records", str(copy),
                           "--out", str(tmp_path / "bad")], capture_output=True, text=True)
     assert bad.returncode == 2 and f"same signal as test records ({rec} = copydb/{rec})" in bad.stderr, bad.stderr
+    assert "--skip-trained-records scores the folder's other records" in bad.stderr
+    # --skip-trained-records: the folder's other records are scored, the trained one is named
+    other = svdb_style_folder(tmp_path / "other", names=("902",), seconds=90)
+    for ext in ("hea", "dat", "atr"):
+        shutil.copyfile(other / f"902.{ext}", copy / f"902.{ext}")
+    (copy / "RECORDS").write_text(f"{rec}\n902\n")
+    out = tmp_path / "skip"
+    proc = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--test-records", str(copy), "--max-examples",
+                           "24", "--skip-trained-records", "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["test_records_left_out"] == [f"copydb/{rec}"]
+    assert set(m["results"][m["result"]]["per_record"]) == {"copydb/902"}
+    assert "tested on 1 records of copydb" in m["notice"]
+    assert f"1 more left out because the run trained on them (copydb/{rec})" in m["notice"]
+    only = tmp_path / "onlytrained"
+    only.mkdir()
+    for ext in ("hea", "dat", "atr"):
+        shutil.copyfile(Path(shards["db"]) / f"{rec}.{ext}", only / f"{rec}.{ext}")
+    none_left = subprocess.run([HLMTUNE, "eval", "--config", str(lora_run), "--test-records", str(only),
+                                "--skip-trained-records", "--out", str(tmp_path / "none")], capture_output=True, text=True)
+    assert none_left.returncode == 2 and "the run trained on every record of it" in none_left.stderr, none_left.stderr
 
 
 def test_eval_on_detected_beats_scores_every_reference_beat_once(shards, lora_run, tmp_path):

@@ -318,7 +318,17 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Di
         # one recording under two ids (another folder's copy of a training record) is one patient
         both = {**{r: d for r, d in digests.items() if r in set(train_records)},
                 **builders.signal_digests(external["manifest"])}
-        sp.check_disjoint(train_records, test, digests=both, what="run")
+        trained = sp.shared_with_training(train_records, test, digests=both)
+        if trained and external.get("skip_trained"):  # scored without them; the report names them
+            external.setdefault("left_out", trained)
+            test = [r for r in test if r not in set(trained)]
+            if not test:
+                raise sp.SplitError(f"--test-records {external['folder']}: the run trained on every record of it "
+                                    f"({', '.join(trained)})")
+        try:
+            sp.check_disjoint(train_records, test, digests=both, what="run")
+        except sp.SplitError as e:
+            raise sp.SplitError(f"{e} (--skip-trained-records scores the folder's other records)") from None
         check_base_models(cfg, test)
         if detector:
             d, matching = _detector_test_set(tokenizer, comp, ds, external["manifest"], test, out, detector)
@@ -685,7 +695,7 @@ def evaluate(
     quantized: bool = False, ptq_run: Optional[Path] = None, max_examples: Optional[int] = None,
     compile: bool = False, ensemble: Sequence[Path] = (), overrides: Sequence[str] = (),
     calibration: Optional[Path] = None, test_records: Optional[Path] = None, beats: str = "annotations",
-    detector: str = "gqrs",
+    detector: str = "gqrs", skip_trained: bool = False,
 ) -> Dict[str, Any]:
     """Evaluate a trained HLM run and write its report: a driver over the stages above.
 
@@ -717,6 +727,8 @@ def evaluate(
             published baselines) or ``detector`` (the beats ``detector`` finds, matched to the
             reference beats within 150 ms: :mod:`hlmtune.hlm.detection`).
         detector (str): ``gqrs`` (the tokenizer's) or ``xqrs`` (wfdb's) for ``beats: detector``.
+        skip_trained (bool): with ``test_records``, score the folder's records that no run here
+            trained on and name the others (``test_records_left_out``) instead of refusing them.
 
     Returns:
         Dict[str, Any]: what ``metrics.json`` holds.
@@ -733,7 +745,11 @@ def evaluate(
     members = ensemble_members(cfg, ensemble, overrides)
     out = Path(out_dir) if out_dir is not None else Path(cfg.output_dir) / "eval"
     tokenizer = config.instantiate(cfg.tokenizer)
+    if skip_trained and test_records is None:
+        raise ValueError("--skip-trained-records applies to --test-records (a split's test records are never trained on)")
     external = external_test_shards(cfg, Path(test_records), out) if test_records is not None else None
+    if external is not None:
+        external["skip_trained"] = skip_trained
     if beats not in ("annotations", "detector"):
         raise ValueError(f"--beats must be annotations or detector, got {beats!r}")
     found_by = detector if beats == "detector" else None  # None: the reference annotations' positions
@@ -759,7 +775,8 @@ def evaluate(
     random_split = str(cfg.dataset.get("split", sp.TRAIN)) == sp.RANDOM
     first = results[models[1][0]] if quantized else next(iter(results.values()))
     split_file = cfg.dataset.get("split_file")
-    tested = external["described"] if external else held_out_described(split, test_ids, split_file=split_file)
+    tested = (external_described(external, test_ids) if external
+              else held_out_described(split, test_ids, split_file=split_file))
     notice = sp.RANDOM_SPLIT_NOTICE if random_split else (
         f"Inter-patient evaluation: trained on {len(train_records)} records "
         f"({trained_on(train_records, test_ids, split_file=split_file)}), tested on {tested}"
@@ -788,7 +805,10 @@ def evaluate(
         "result": next(name for name, r in results.items() if r is first),
     }
     if external:
-        metrics["test_records_dropped"] = external["dropped"]
+        kept = set(test_ids)
+        metrics["test_records_dropped"] = sum(int(r["n_dropped"]) for r in external["manifest"]["records"]
+                                              if r["record"] in kept)
+        metrics["test_records_left_out"] = list(external.get("left_out", []))
     metrics["beats"] = {"positions": beats, **({"detector": detector, **matching.detector} if matching else {})}
     if test.kind == "af":
         for r in results.values():
@@ -816,6 +836,15 @@ def ensemble_members(cfg: Any, ensemble: Sequence[Path], overrides: Sequence[str
     return members
 
 
+def external_described(external: Dict[str, Any], test: Sequence[str]) -> str:
+    """The test records of ``--test-records`` for the report's first line: how many, the
+    database, the folder and the rates, and the records left out because a run trained on them."""
+    rates = sorted({float(r["fs"]) for r in external["manifest"]["records"] if r["record"] in set(test)})
+    left = external.get("left_out") or []
+    return (f"{len(test)} records of {external['db']} ({external['folder']}; {', '.join(f'{r:g}' for r in rates)} Hz)"
+            + (f", {len(left)} more left out because the run trained on them ({', '.join(left)})" if left else ""))
+
+
 def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
     """Tokenize a WFDB folder of test patients as the run's shards were (``--test-records``).
 
@@ -830,7 +859,9 @@ def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
         out (Path): the evaluation folder (the tokens go to ``out/test_tokens``; a rerun resumes).
 
     Returns:
-        Dict[str, Any]: ``shards`` (folder), ``manifest``, ``folder``, ``described``, ``dropped``.
+        Dict[str, Any]: ``shards`` (folder), ``manifest``, ``folder``, ``db`` (the database name
+        of its ids); :func:`evaluate` adds ``skip_trained`` and, when records were left out,
+        ``left_out``.
 
     Raises:
         FileNotFoundError: no folder, or no beat-annotated record in it.
@@ -858,10 +889,7 @@ def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
     if not summary.ok:
         raise RuntimeError(f"--test-records {folder}: records that cannot be read:\n" + summary.format())
     manifest = read_manifest(out / "test_tokens")
-    rates = sorted({float(r["fs"]) for r in manifest["records"]})
-    return {"shards": out / "test_tokens", "manifest": manifest, "folder": str(folder),
-            "described": f"{len(names)} records of {db} ({folder}; {', '.join(f'{r:g}' for r in rates)} Hz)",
-            "dropped": sum(int(r["n_dropped"]) for r in manifest["records"])}
+    return {"shards": out / "test_tokens", "manifest": manifest, "folder": str(folder), "db": db}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -908,6 +936,10 @@ def register(subparsers: Any) -> None:
                    help="test on every beat-annotated record of a WFDB folder (its RECORDS file, else every record "
                         "with an .atr; any sampling rate) instead of --split; records the run, or a run its weights "
                         "come from, trained on are refused (by id and by signal)")
+    p.add_argument("--skip-trained-records", action="store_true",
+                   help="with --test-records: score the folder's records no run here trained on and name the others "
+                        "in the report (test_records_left_out) instead of refusing the folder (e.g. a whole svdb "
+                        "folder, half of which the shipped configs train on)")
     p.add_argument("--beats", choices=("annotations", "detector"), default="annotations",
                    help="where the test beats are: the reference annotations' R-peak positions (as the published "
                         "baselines) or where a QRS detector finds them, matched to the reference beats within 150 ms "
@@ -1072,7 +1104,7 @@ def _main(args: argparse.Namespace) -> int:
                            quantized=args.quantized, ptq_run=args.ptq_run, max_examples=args.max_examples,
                            compile=args.compile, ensemble=ensemble, overrides=args.overrides,
                            calibration=args.calibration, test_records=args.test_records, beats=args.beats,
-                           detector=args.detector)
+                           detector=args.detector, skip_trained=args.skip_trained_records)
     except (FileNotFoundError, SplitError, ValueError, RuntimeError) as e:
         print(f"hlmtune eval: {e}", file=sys.stderr)
         return 2
