@@ -316,12 +316,12 @@ def _test_dataset(cfg: Any, tokenizer: Any, split: str, *, external: Optional[Di
             raise ValueError(f"--test-records scores beat classes; this run's dataset is {comp}")
         test = [r["record"] for r in external["manifest"]["records"]]
         # one recording under two ids (another folder's copy of a training record) is one patient
-        both = {**{r: d for r, d in digests.items() if r in set(train_records)},
-                **builders.signal_digests(external["manifest"])}
+        training = set(train_records)
+        both = {**{r: d for r, d in digests.items() if r in training}, **builders.signal_digests(external["manifest"])}
         trained = sp.shared_with_training(train_records, test, digests=both)
-        if trained and external.get("skip_trained"):  # scored without them; the report names them
-            external.setdefault("left_out", trained)
-            test = [r for r in test if r not in set(trained)]
+        if trained and external["skip_trained"]:  # scored without them; the report names them
+            skip = set(trained)
+            test = [r for r in test if r not in skip]
             if not test:
                 raise sp.SplitError(f"--test-records {external['folder']}: the run trained on every record of it "
                                     f"({', '.join(trained)})")
@@ -747,9 +747,8 @@ def evaluate(
     tokenizer = config.instantiate(cfg.tokenizer)
     if skip_trained and test_records is None:
         raise ValueError("--skip-trained-records applies to --test-records (a split's test records are never trained on)")
-    external = external_test_shards(cfg, Path(test_records), out) if test_records is not None else None
-    if external is not None:
-        external["skip_trained"] = skip_trained
+    external = (external_test_shards(cfg, Path(test_records), out, skip_trained=skip_trained)
+                if test_records is not None else None)
     if beats not in ("annotations", "detector"):
         raise ValueError(f"--beats must be annotations or detector, got {beats!r}")
     found_by = detector if beats == "detector" else None  # None: the reference annotations' positions
@@ -808,7 +807,7 @@ def evaluate(
         kept = set(test_ids)
         metrics["test_records_dropped"] = sum(int(r["n_dropped"]) for r in external["manifest"]["records"]
                                               if r["record"] in kept)
-        metrics["test_records_left_out"] = list(external.get("left_out", []))
+        metrics["test_records_left_out"] = left_out(external, test_ids)
     metrics["beats"] = {"positions": beats, **({"detector": detector, **matching.detector} if matching else {})}
     if test.kind == "af":
         for r in results.values():
@@ -836,16 +835,24 @@ def ensemble_members(cfg: Any, ensemble: Sequence[Path], overrides: Sequence[str
     return members
 
 
+def left_out(external: Dict[str, Any], test: Sequence[str]) -> List[str]:
+    """The records of ``--test-records``' folder that are not among the ``test`` records scored:
+    those ``--skip-trained-records`` left out because a run trained on them (folder order)."""
+    scored = set(test)
+    return [r["record"] for r in external["manifest"]["records"] if r["record"] not in scored]
+
+
 def external_described(external: Dict[str, Any], test: Sequence[str]) -> str:
     """The test records of ``--test-records`` for the report's first line: how many, the
     database, the folder and the rates, and the records left out because a run trained on them."""
-    rates = sorted({float(r["fs"]) for r in external["manifest"]["records"] if r["record"] in set(test)})
-    left = external.get("left_out") or []
+    scored = set(test)
+    rates = sorted({float(r["fs"]) for r in external["manifest"]["records"] if r["record"] in scored})
+    left = left_out(external, test)
     return (f"{len(test)} records of {external['db']} ({external['folder']}; {', '.join(f'{r:g}' for r in rates)} Hz)"
             + (f", {len(left)} more left out because the run trained on them ({', '.join(left)})" if left else ""))
 
 
-def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
+def external_test_shards(cfg: Any, folder: Path, out: Path, *, skip_trained: bool = False) -> Dict[str, Any]:
     """Tokenize a WFDB folder of test patients as the run's shards were (``--test-records``).
 
     Every record with a beat annotation file (its ``RECORDS`` list, else every ``*.hea``) is
@@ -857,11 +864,12 @@ def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
         cfg (DictConfig): the run's config (its tokenizer's shards give the parameters).
         folder (Path): the WFDB folder.
         out (Path): the evaluation folder (the tokens go to ``out/test_tokens``; a rerun resumes).
+        skip_trained (bool): the test set leaves out the records a run trained on instead of
+            refusing them (``--skip-trained-records``; kept in the result for every ensemble member).
 
     Returns:
         Dict[str, Any]: ``shards`` (folder), ``manifest``, ``folder``, ``db`` (the database name
-        of its ids); :func:`evaluate` adds ``skip_trained`` and, when records were left out,
-        ``left_out``.
+        of its ids), ``skip_trained``.
 
     Raises:
         FileNotFoundError: no folder, or no beat-annotated record in it.
@@ -889,7 +897,8 @@ def external_test_shards(cfg: Any, folder: Path, out: Path) -> Dict[str, Any]:
     if not summary.ok:
         raise RuntimeError(f"--test-records {folder}: records that cannot be read:\n" + summary.format())
     manifest = read_manifest(out / "test_tokens")
-    return {"shards": out / "test_tokens", "manifest": manifest, "folder": str(folder), "db": db}
+    return {"shards": out / "test_tokens", "manifest": manifest, "folder": str(folder), "db": db,
+            "skip_trained": skip_trained}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -965,16 +974,14 @@ def job_runs(folder: Path) -> Optional[List[Path]]:
         return None
     metrics = Path(folder) / "report" / "metrics.json"
     training = Path(folder) / "training.json"  # benchmarks/ecg_quality.py --train-only: no report yet
+    found: List[Path] = []
     if metrics.is_file():
-        weights = json.loads(metrics.read_text()).get("ensemble") or []
-        found = [runs / Path(w).parent.parent.name for w in weights]
-        if found and all((r / "torchtune_config.yaml").is_file() for r in found):
-            return found
+        found = [runs / Path(w).parent.parent.name for w in json.loads(metrics.read_text()).get("ensemble") or []]
     elif training.is_file():
         found = [runs / Path(r["run"]).name for r in json.loads(training.read_text()).get("runs", [])
                  if r.get("stage") == "finetune"]
-        if found and all((r / "torchtune_config.yaml").is_file() for r in found):
-            return found
+    if found and all((r / "torchtune_config.yaml").is_file() for r in found):
+        return found
     return [runs / "lora"] if (runs / "lora" / "torchtune_config.yaml").is_file() else None
 
 
