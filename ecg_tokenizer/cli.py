@@ -55,6 +55,15 @@ class _Combined(_Defaults, argparse.RawDescriptionHelpFormatter):
     """Defaults in help and a verbatim epilog."""
 
 
+# The PhysioNet databases `hlmtune download` offers (wfdb.dl_database names them so).
+DOWNLOADS = {
+    "mitdb": "MIT-BIH Arrhythmia Database, ~100 MB",
+    "svdb": "MIT-BIH Supraventricular Arrhythmia Database, 128 Hz, ~55 MB",
+    "incartdb": "St Petersburg INCART 12-lead Arrhythmia Database, 75 records of 30 min, 257 Hz, ~800 MB, patients "
+                "no config trains on: `hlmtune eval --config JOB --test-records DIR` scores them, read from lead II",
+}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ECG subcommands to the ``hlmtune`` parser.
 
@@ -115,11 +124,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "offline it fails with a clear error and exit status 1.",
         formatter_class=_Defaults,
     )
-    p.add_argument("database", choices=("mitdb", "svdb", "incartdb"),
-                   help="database to download (mitdb: MIT-BIH Arrhythmia Database, ~100 MB; svdb: MIT-BIH Supraventricular "
-                        "Arrhythmia Database, 128 Hz, ~55 MB; incartdb: St Petersburg INCART 12-lead Arrhythmia Database, "
-                        "75 records of 30 min, 257 Hz, ~800 MB, patients no config trains on: "
-                        "`hlmtune eval --config JOB --test-records DIR` scores them, read from lead II)")
+    p.add_argument("database", choices=tuple(DOWNLOADS), help="database to download (" + "; ".join(
+        f"{k}: {v}" for k, v in DOWNLOADS.items()) + ")")
     p.add_argument("--out", required=True, metavar="DIR", help="destination directory")
     p.add_argument("--record", action="append", default=None, metavar="NAME", help="download only this record (repeatable; default: all)")
     p.set_defaults(func=cmd_download)
