@@ -553,7 +553,8 @@ def test_packaged_plans_load_and_an_unknown_name_suggests_one():
     assert [(c.name, c.overrides, c.flags) for c in lead.candidates] == [("second_lead32", ("dataset.second_lead=32",), ())]
     lr = plans["hlm_finetune_lr"]  # docs/hlm.md: the fine-tune's learning rate doubled, hlm_second_lead's rule and baseline
     assert (lr.figure, lr.min_gain, lr.min_folds, lr.cv, lr.env, lr.fixed) == (
-        "sv_f1", 0.015, 3, second.cv, big.env, balance.fixed)
+        "sv_f1", 0.015, 3, second.cv, {**big.env, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                        "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, balance.fixed)
     assert [(c.name, c.overrides, c.flags) for c in lr.candidates] == [("lr4e-3", ("optimizer.lr=4e-3",), ())]
     for p in sel.PLANS_DIR.glob("*.yaml"):
         assert p.read_text().startswith("# "), p  # a header: what it runs, prerequisites, launch
