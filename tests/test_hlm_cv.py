@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hlmtune.hlm import calibrate as cal
 from hlmtune.hlm.cv import (
     baseline_lines, compare_to_baseline, figure_of, fold_progress, fold_progress_in, make_folds, own_result, pooled_members, pretrain_fingerprints,
-    FoldResults, pretraining_summary, read_baseline, rejected_by_folds, write_stopped,
+    FoldResults, other_bytes_hint, pretraining_summary, read_baseline, rejected_by_folds, write_stopped,
 )
 
 HLMTUNE = str(Path(sys.executable).with_name("hlmtune"))
@@ -397,6 +398,22 @@ def test_cv_on_synthetic_records_pools_every_fold_and_writes_a_calibration(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "other bytes: this host computes otherwise" in proc.stdout and "finished before, kept" in proc.stderr
     assert json.loads((check / "pretrain_check.json").read_text())["same"] is False
+    assert answer["kernels"] == torch.backends.cpu.get_cpu_capability() and answer["kernels_env"] == {}
+    # under other kernel settings the check pretrains again (the kept stage answered for the others)
+    proc = subprocess.run(args, capture_output=True, text=True, env={**env, "ATEN_CPU_CAPABILITY": "default"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "finished before, kept" not in proc.stderr, proc.stderr[-2000:]
+    again = json.loads((check / "pretrain_check.json").read_text())
+    assert again["kernels"] == "DEFAULT" and again["kernels_env"] == {"ATEN_CPU_CAPABILITY": "default"}
+
+
+def test_other_bytes_on_an_avx512_host_name_the_kernel_settings_to_check_again_with():
+    hint = other_bytes_hint({"same": False, "kernels": "AVX512"})
+    assert "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2" in hint
+    assert "AVX512 kernels" in hint
+    assert other_bytes_hint({"same": True, "kernels": "AVX512"}) == ""  # the same bytes: nothing to try
+    assert other_bytes_hint({"same": False, "kernels": "AVX2"}) == ""  # already AVX2 kernels
+    assert other_bytes_hint({"same": False}) == ""  # an answer of an older check names no kernels
 
 
 def test_through_fold_leaves_a_partial_run_that_a_candidate_can_only_be_rejected_beside(tmp_path):

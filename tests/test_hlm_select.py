@@ -401,6 +401,18 @@ def test_a_recorded_baseline_stands_where_this_host_pretrains_to_its_bytes(tmp_p
     sel.run_plan(sel.load_plan(path), out, runner=fake, max_candidates=1)
     assert [c[c.index("--out") + 1] for c, _, _ in fake.calls] == [str(out / "good")]
     unjudged()
+    # the same answer is not one for kernels held to AVX2 (a plan's env): asked again under them
+    (tmp_path / "held").mkdir()
+    held = _plan(tmp_path / "held", env={"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    capsys.readouterr()
+    sel.run_plan(sel.load_plan(held), out, runner=fake, dry_run=True)
+    assert "--check-pretraining" in capsys.readouterr().out
+    answer = out / "baseline.pretrain_check" / "pretrain_check.json"
+    doc = json.loads(answer.read_text())
+    answer.write_text(json.dumps({**doc, "kernels_env": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}))
+    sel.run_plan(sel.load_plan(held), out, runner=fake, dry_run=True)  # an answer under those settings is read
+    assert "--check-pretraining" not in capsys.readouterr().out
+    answer.write_text(json.dumps(doc))
     answer = out / "baseline.pretrain_check" / "pretrain_check.json"
     answer.write_text(answer.read_text().replace("ab12", "ef56"))
     sel.run_plan(sel.load_plan(path), out, runner=fake, dry_run=True)

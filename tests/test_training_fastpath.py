@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -813,3 +817,16 @@ def test_every_rank_routing_through_onednn_bounds_its_primitive_cache(monkeypatc
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     fastpath.use_onednn_linear(torch.nn.Sequential(torch.nn.Linear(4, 4)))
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+
+
+def test_kernel_isa_is_atens_and_the_avx2_environment_holds_it_there():
+    from hlmtune.training.fastpath import AVX2_KERNELS_ENV, kernel_isa
+
+    assert kernel_isa() == torch.backends.cpu.get_cpu_capability()
+    code = "from hlmtune.training.fastpath import kernel_isa; print(kernel_isa())"
+    env = {**os.environ, **AVX2_KERNELS_ENV}
+    held = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    # AVX2 where the CPU has it; a CPU without AVX2 keeps what it has (the variable only caps)
+    assert held.stdout.strip() in ("AVX2", "DEFAULT", "NO AVX")
+    if kernel_isa().startswith(("AVX2", "AVX512")):
+        assert held.stdout.strip() == "AVX2"

@@ -647,23 +647,53 @@ def check_fold1_pretraining(setup: "CVSetup", out: Path, base: Dict[str, Any], *
     Equal bytes after hundreds of optimizer steps mean this host sums as the baseline's did (the
     same settings on an Intel and an AMD host gave other bytes and moved a fold's macro-F1 by
     0.049: docs/hlm-experiments.md). One pretraining is the check: the fine-tunes run the same
-    kernels. Writes ``pretrain_check.json`` (``same``: the verdict; both digests; this CPU) and
+    kernels. Writes ``pretrain_check.json`` (``same``: the verdict; both digests; this CPU, the
+    instruction set of its kernels and the variables that held them,
+    :data:`hlmtune.training.fastpath.AVX2_KERNELS_ENV`) and
     returns its path; no fine-tune, no ``cv_metrics.json``.
     """
+    import os
+
     from hlmtune.files import atomic_write_bytes
-    from hlmtune.training.fastpath import cpu_model_name
+    from hlmtune.training.fastpath import AVX2_KERNELS_ENV, cpu_model_name, kernel_isa
 
     held = setup.parts[0]
+    kernels_env = {k: os.environ[k] for k in AVX2_KERNELS_ENV if k in os.environ}  # what holds the kernels, if anything
+    # A check under other kernel settings pretrains again: the stage's stamp (command, data) would keep
+    # the model the other kernels made, and answer for them. CHECK_KERNELS says which made the kept one
+    # (not a summary: a rerun clears pretrain_check.json before it gets here).
+    made = out / CHECK_KERNELS
+    before = json.loads(made.read_text()) if made.exists() else {}
     fold_dir = run_fold(setup, out, 0, note="; pretraining only (--check-pretraining)", pretrain_only=True,
-                        **{**job, "pretrainings": 1})
+                        **{**job, "pretrainings": 1, **({"force": True} if before != kernels_env else {})})
+    atomic_write_bytes(made, (json.dumps(kernels_env) + "\n").encode())
     mine = (pretrain_fingerprints(fold_dir, 1) or [None])[0]
     theirs = base["folds"][0]["pretrain_sha256"][0]
     doc = {"baseline": source, "fold": 1, "held_out": held, "pretrain_sha256": mine,
            "baseline_pretrain_sha256": theirs, "same": mine is not None and mine == theirs,
-           "cpu": cpu_model_name(), "wall_s": time.perf_counter() - t0}
+           "cpu": cpu_model_name(), "kernels": kernel_isa(),
+           "kernels_env": kernels_env, "wall_s": time.perf_counter() - t0}
     path = out / "pretrain_check.json"
     atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
     return path
+
+
+def other_bytes_hint(check: Dict[str, Any]) -> str:
+    """What to try before re-making a baseline, when ``pretrain_check.json`` says other bytes.
+
+    A host running AVX-512 kernels may compute as the AVX2 host that made the baseline once its
+    kernels are held to AVX2 (:data:`hlmtune.training.fastpath.AVX2_KERNELS_ENV`): one more check
+    of minutes instead of a re-made cross-validation of hours. Empty when the bytes were the same
+    or the check ran without AVX-512 kernels.
+    """
+    from hlmtune.training.fastpath import AVX2_KERNELS_ENV
+
+    if check.get("same") or not str(check.get("kernels", "")).upper().startswith("AVX512"):
+        return ""
+    env = " ".join(f"{k}={v}" for k, v in AVX2_KERNELS_ENV.items())
+    return (f" (this host ran {check['kernels']} kernels: a baseline made on an AVX2 host may come back with "
+            f"{env} in the environment or the plan's env, as on an AMD EPYC in docs/hlm.md; a check under other "
+            "kernel settings is asked again, minutes against the hours of a re-made baseline)")
 
 
 def write_results(out: Path, doc: Dict[str, Any], res: "FoldResults", *, base: Optional[Dict[str, Any]],
@@ -696,6 +726,7 @@ def pooled_document(res: "FoldResults", described: str, *, summary: Dict[str, An
 
 
 PARTIAL = "cv_partial.json"  # the rows of the folds a --through-fold run finished (never pooled figures)
+CHECK_KERNELS = "check_kernels.json"  # --check-pretraining: the kernel settings its kept fold-1 pretraining ran under
 SUMMARIES = ("cv_metrics.json", "cv_stopped.json", PARTIAL, "report.md", "calibration.json", "pretrain_check.json")
 
 
@@ -1047,7 +1078,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--check-pretraining", action="store_true",
                    help="with --baseline: run fold 1 only up to its first pretrained model and say whether its "
                         "checkpoint bytes are the baseline's (pretrain_check.json): whether this host computes as the "
-                        "one that made the baseline, in one pretraining instead of a re-made cross-validation")
+                        "one that made the baseline, in one pretraining instead of a re-made cross-validation. "
+                        "On an AVX-512 host, ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
+                        "MKL_ENABLE_INSTRUCTIONS=AVX2 make it compute as an AVX2 host (docs/hlm.md); a check "
+                        "under other kernel settings pretrains again")
     add_job_arguments(p, out="outputs/cv", each=" per fold")
     p.set_defaults(func=lambda args: _main(args, run_job))
 
@@ -1081,7 +1115,7 @@ def _main(args: argparse.Namespace, run_job: Any) -> int:
                   f"{c['baseline_pretrain_sha256']} in {c['baseline']}: "
                   + ("the same bytes: this host computes as the baseline's did" if c["same"] else
                      "other bytes: this host computes otherwise, so compare runs made here with a baseline "
-                     "re-made here"))
+                     "re-made here" + other_bytes_hint(c)))
             return report
 
         stopped = report.parent / "cv_stopped.json"

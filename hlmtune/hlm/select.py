@@ -73,7 +73,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hlmtune.hlm.cv import FIGURES, figure_of, fold_progress_in
+from hlmtune.hlm.cv import FIGURES, figure_of, fold_progress_in, other_bytes_hint
 from hlmtune.proc import child_dies_with_us
 from hlmtune.training.options import closest
 
@@ -627,14 +627,19 @@ def _same_host(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runn
     and their rows say in how many folds those models have the baseline's bytes.
     False where the result names no digest; None on a dry run that printed the check's command.
     """
+    from hlmtune.training.fastpath import AVX2_KERNELS_ENV
+
     recorded = _recorded_fold1(base.dir)
     if recorded is None:
         return False
     answer = base.check_dir() / "pretrain_check.json"
+    held = {k: env[k] for k in AVX2_KERNELS_ENV if k in env}  # the kernel settings the runs would get
 
     def read() -> Optional[Dict[str, Any]]:
         doc = json.loads(answer.read_text()) if answer.exists() else None
-        return doc if isinstance(doc, dict) and doc.get("baseline_pretrain_sha256") == recorded else None
+        # an answer for this digest under these kernel settings (none recorded: none were set)
+        ok = isinstance(doc, dict) and doc.get("baseline_pretrain_sha256") == recorded
+        return doc if ok and doc.get("kernels_env", {}) == held else None
 
     doc = read()
     if doc is None:
@@ -651,7 +656,7 @@ def _same_host(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runn
     same = doc.get("same") is True and doc.get("pretrain_sha256") == recorded
     _say(f"{base.dir.name}: fold 1 pretrains to {doc.get('pretrain_sha256')} here ({doc.get('cpu')}), {recorded} in "
          "its result: " + ("the same bytes, so its recorded figures stand as the baseline" if same else
-                           "other bytes, so this host computes otherwise"))
+                           "other bytes, so this host computes otherwise" + other_bytes_hint(doc)))
     return same
 
 

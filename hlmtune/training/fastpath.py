@@ -260,6 +260,26 @@ def cpu_model_name() -> str:
     return "cpu"
 
 
+# The environment that holds ATen's, oneDNN's and MKL's CPU kernels to AVX2 on a host with AVX-512:
+# its runs then sum as an AVX2 host's do (an AMD EPYC with AVX-512 pretrained a recorded fold to the
+# bytes an AVX2 AMD EPYC had, and to other bytes without it; docs/hlm.md, plan hlm_finetune_lr).
+AVX2_KERNELS_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def kernel_isa() -> str:
+    """The instruction set of ATen's CPU kernels in this process (``AVX512``, ``AVX2``, ``DEFAULT``...).
+
+    ``ATEN_CPU_CAPABILITY`` caps it (:data:`AVX2_KERNELS_ENV`); two hosts whose kernels differ sum
+    in other orders, so their runs differ in the last bits and then, after hundreds of steps, more.
+    """
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # a torch without the query
+        return "unknown"
+
+
 def _probe_key() -> str:
     """What the decision depends on: the CPU model, torch (and its oneDNN), intra-op threads."""
     return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
