@@ -84,6 +84,43 @@ def test_predict_batches_and_compiled_path_agree_with_one_by_one():
     torch.testing.assert_close(lp_full, ref_lp, rtol=1e-5, atol=1e-5)
 
 
+def test_predict_computes_a_compiled_batch_with_nonfinite_logits_again_eagerly(monkeypatch, capsys):
+    """A compiled pass that gives NaN (seen on a fine-tune's fixed-shape batches) is not scored as
+    class 0: that batch runs again eagerly; a model that is NaN eagerly too is refused."""
+    import torch
+
+    from hlmtune.hlm.model import hlm_1m
+
+    torch.manual_seed(0)
+    model = hlm_1m(vocab_size=303).eval()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in torch.randint(5, 30, (9,), generator=g)]
+    choices = [4, 5, 6, 7]
+    ref, _, ref_lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True)
+
+    def nan_on_first_call(fn, **_):  # stands in for torch.compile: its first batch comes back NaN
+        calls = []
+
+        def run(*args):
+            calls.append(1)
+            out = fn(*args)
+            return out.fill_(float("nan")) if len(calls) == 1 else out
+        return run
+
+    monkeypatch.setattr(torch, "compile", nan_on_first_call)
+    for fast in (True, False):
+        got, _, lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=True, return_logprobs=True,
+                                fast=fast)
+        assert got == ref and bool(torch.isfinite(lp).all())
+        torch.testing.assert_close(lp, ref_lp, rtol=1e-4, atol=1e-4)
+        assert "non-finite logits in 1 batch(es) of t; computed again eagerly" in capsys.readouterr().err
+    with torch.no_grad():
+        model.norm.scale.fill_(float("nan"))  # the model's own logits are NaN: refused, eagerly or compiled
+    for compile in (False, True):
+        with pytest.raises(RuntimeError, match=r"not finite for 4 queries.*scored as the first class"):
+            ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=compile)
+
+
 def test_predict_projects_only_the_query_positions_and_leaves_the_model_as_it_was():
     """The fast path is taken: the vocabulary projection sees one row per query, not every
     position; afterwards the model runs torchtune's modules again."""

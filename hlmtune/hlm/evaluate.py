@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from hlmtune.hlm.detection import NO_BEAT
 
@@ -165,6 +165,7 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     off_vocab = 0
     choice_t = torch.tensor(list(choices))
     logprobs = torch.zeros(first[-1], len(choices)) if return_logprobs else None
+    recomputed = 0  # batches whose compiled logits were not finite, computed again eagerly
     fixed_width = max((len(p) for p in prompts), default=1)
     fast = (fast and isinstance(model, TransformerDecoder) and not model.output_hidden_states
             and prunable_last_layer(model) is not None)
@@ -195,9 +196,14 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
                     at[r, : len(positions[i])] = torch.tensor(positions[i], dtype=torch.long)
                 slots = torch.tensor([s for i in idx for s in range(len(positions[i]))], dtype=torch.long)
                 last = run(x, at)[rows, slots]  # (B, Tq, V) -> (Q, V): the next-token distribution per query
+                again = lambda: step(x[: len(idx), : max(len(prompts[i]) for i in idx)], at[: len(idx)])[rows, slots]
             else:
                 cols = torch.tensor([q for i in idx for q in positions[i]], dtype=torch.long)
                 last = run(x)[rows, cols]  # (B, T, V) -> (Q, V)
+                again = lambda: model(x[: len(idx), : max(len(prompts[i]) for i in idx)])[rows, cols]
+            if not bool(torch.isfinite(last).all()):
+                last = _finite_again(last, again, compiled=compile)
+                recomputed += 1
             free = last.argmax(-1)
             off_vocab += int((~torch.isin(free, choice_t)).sum())
             among = last[:, choice_t].float()  # (Q, C)
@@ -210,7 +216,32 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
                     logprobs[first[i] : first[i + 1]] = lp[k : k + len(positions[i])]
                 k += len(positions[i])
             bar.update(k)
+    if recomputed:
+        print(f"hlmtune eval: the compiled model gave non-finite logits in {recomputed} batch(es) of {desc}; "
+              "computed again eagerly, without the fixed-shape padding", file=sys.stderr)
     return (out, off_vocab, logprobs) if return_logprobs else (out, off_vocab)
+
+
+def _finite_again(last: Any, again: Callable[[], Any], *, compiled: bool) -> Any:
+    """A batch's query logits once more, eagerly and unpadded, when the first pass gave NaN or inf.
+
+    Seen on 2026-12-07 (docs/hlm-experiments.md): a fine-tune's compiled fixed-shape pass gave NaN at
+    most queries (class log-probabilities NaN, argmax class 0: every beat N) where the eager pass gave
+    finite logits for every one. Eager logits that are still not finite are the model's own: refused.
+
+    Raises:
+        RuntimeError: the eager pass is not finite either (or there was no compiled pass to redo).
+    """
+    import torch
+
+    if compiled:
+        last = again()
+    bad = int((~torch.isfinite(last)).any(-1).sum())
+    if bad:
+        raise RuntimeError(f"hlmtune eval: the model's next-token logits are not finite for {bad} queries"
+                           + (" (eagerly too)" if compiled else "") + ": its weights or inputs are broken, "
+                           "and a NaN would be scored as the first class")
+    return last
 
 
 # ----------------------------------------------------------------------------- datasets
