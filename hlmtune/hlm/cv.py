@@ -655,10 +655,10 @@ def check_fold1_pretraining(setup: "CVSetup", out: Path, base: Dict[str, Any], *
     import os
 
     from hlmtune.files import atomic_write_bytes
-    from hlmtune.training.fastpath import AVX2_KERNELS_ENV, cpu_model_name, kernel_isa
+    from hlmtune.training.fastpath import cpu_model_name, kernel_isa, kernel_settings
 
     held = setup.parts[0]
-    kernels_env = {k: os.environ[k] for k in AVX2_KERNELS_ENV if k in os.environ}  # what holds the kernels, if anything
+    kernels_env = kernel_settings(os.environ)  # what holds the kernels, if anything
     # A check under other kernel settings pretrains again: the stage's stamp (command, data) would keep
     # the model the other kernels made, and answer for them. CHECK_KERNELS says which made the kept one
     # (not a summary: a rerun clears pretrain_check.json before it gets here).

@@ -627,13 +627,13 @@ def _same_host(plan: Plan, base: _Baseline, env: Dict[str, str], out: Path, runn
     and their rows say in how many folds those models have the baseline's bytes.
     False where the result names no digest; None on a dry run that printed the check's command.
     """
-    from hlmtune.training.fastpath import AVX2_KERNELS_ENV
+    from hlmtune.training.fastpath import kernel_settings
 
     recorded = _recorded_fold1(base.dir)
     if recorded is None:
         return False
     answer = base.check_dir() / "pretrain_check.json"
-    held = {k: env[k] for k in AVX2_KERNELS_ENV if k in env}  # the kernel settings the runs would get
+    held = kernel_settings(env)  # the kernel settings the runs would get
 
     def read() -> Optional[Dict[str, Any]]:
         doc = json.loads(answer.read_text()) if answer.exists() else None

@@ -266,6 +266,11 @@ def cpu_model_name() -> str:
 AVX2_KERNELS_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
+def kernel_settings(env: Any) -> Dict[str, str]:
+    """The variables of :data:`AVX2_KERNELS_ENV` that ``env`` (a mapping: ``os.environ``, a run's) sets."""
+    return {k: env[k] for k in AVX2_KERNELS_ENV if k in env}
+
+
 def kernel_isa() -> str:
     """The instruction set of ATen's CPU kernels in this process (``AVX512``, ``AVX2``, ``DEFAULT``...).
 
