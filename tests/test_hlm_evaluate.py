@@ -98,16 +98,16 @@ def test_predict_computes_a_compiled_batch_with_nonfinite_logits_again_eagerly(m
     choices = [4, 5, 6, 7]
     ref, _, ref_lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True)
 
-    def nan_on_first_call(fn, **_):  # stands in for torch.compile: its first batch comes back NaN
+    def nan_on_second_call(fn, **_):  # stands in for torch.compile: its second batch comes back NaN
         calls = []
 
         def run(*args):
             calls.append(1)
             out = fn(*args)
-            return out.fill_(float("nan")) if len(calls) == 1 else out
+            return out.fill_(float("nan")) if len(calls) == 2 else out
         return run
 
-    monkeypatch.setattr(torch, "compile", nan_on_first_call)
+    monkeypatch.setattr(torch, "compile", nan_on_second_call)
     for fast in (True, False):
         got, _, lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=True, return_logprobs=True,
                                 fast=fast)
@@ -119,6 +119,48 @@ def test_predict_computes_a_compiled_batch_with_nonfinite_logits_again_eagerly(m
     for compile in (False, True):
         with pytest.raises(RuntimeError, match=r"not finite for 4 queries.*scored as the first class"):
             ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=compile)
+
+
+def test_predict_evaluates_eagerly_when_the_compiled_graph_disagrees_at_the_first_batch(monkeypatch, capsys):
+    """A miscompiled graph (seen: inductor's cache filled under other ATen kernels, logits 2-50 off,
+    finite) is caught at the first batch: that batch and every later one run eagerly, with a message;
+    a compiled graph that agrees stays in use."""
+    import torch
+
+    from hlmtune.hlm.model import hlm_1m
+
+    torch.manual_seed(0)
+    model = hlm_1m(vocab_size=303).eval()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in torch.randint(5, 30, (9,), generator=g)]
+    choices = [4, 5, 6, 7]
+    ref, _, ref_lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True)
+    calls = []
+
+    def off_by(delta):
+        def fake_compile(fn, **_):  # stands in for torch.compile: finite logits, shifted for class 5
+            def run(*args):
+                calls.append(1)
+                out = fn(*args)
+                out[..., 5] += delta
+                return out
+            return run
+        return fake_compile
+
+    for fast in (True, False):
+        calls.clear()
+        monkeypatch.setattr(torch, "compile", off_by(3.0))
+        got, _, lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=True, return_logprobs=True,
+                                fast=fast)
+        assert got == ref and len(calls) == 1  # only the first batch went through the compiled graph
+        torch.testing.assert_close(lp, ref_lp, rtol=1e-4, atol=1e-4)
+        err = capsys.readouterr().err
+        assert "the compiled model's logits differ from the eager model's at the first batch of t" in err
+        assert "largest difference 3" in err and "evaluating eagerly" in err
+        calls.clear()
+        monkeypatch.setattr(torch, "compile", off_by(1e-6))  # rounding: the compiled graph is kept
+        got, _ = ev.predict(model, prompts, choices, batch_size=4, desc="t", compile=True, fast=fast)
+        assert got == ref and len(calls) == 3 and "differ" not in capsys.readouterr().err
 
 
 def test_predict_projects_only_the_query_positions_and_leaves_the_model_as_it_was():

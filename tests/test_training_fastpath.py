@@ -830,3 +830,59 @@ def test_kernel_isa_is_atens_and_the_avx2_environment_holds_it_there():
     assert held.stdout.strip() in ("AVX2", "DEFAULT", "NO AVX")
     if kernel_isa().startswith(("AVX2", "AVX512")):
         assert held.stdout.strip() == "AVX2"
+
+
+def test_inductor_cache_gets_a_folder_per_kernel_set(tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from hlmtune.training.fastpath import inductor_cache_for_kernels, kernel_isa
+
+    leaf = "aten-" + kernel_isa().lower()
+    env = {}
+    assert inductor_cache_for_kernels(env) == os.path.join(default_cache_dir(), leaf) == env["TORCHINDUCTOR_CACHE_DIR"]
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")}  # the user's folder: ours goes inside it
+    assert inductor_cache_for_kernels(env) == str(tmp_path / "mine" / leaf)
+    assert inductor_cache_for_kernels(env) == str(tmp_path / "mine" / leaf)  # again: not nested twice
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine" / "aten-avx2x")}  # a parent's, under other kernels
+    assert inductor_cache_for_kernels(env) == str(tmp_path / "mine" / leaf)
+
+
+_COMPILED_VS_EAGER = """
+import torch
+from hlmtune.hlm.model import hlm_1m
+from hlmtune.training.fastpath import inductor_cache_for_kernels, query_logits
+inductor_cache_for_kernels()
+torch.manual_seed(0)
+model = hlm_1m(vocab_size=303).eval()
+x = torch.randint(4, 303, (64, 120), generator=torch.Generator().manual_seed(1))
+at = torch.full((64, 1), 119)
+with torch.inference_mode():
+    eager = query_logits(model, x, at)
+    compiled = torch.compile(lambda a, b: query_logits(model, a, b), dynamic=False)(x, at)
+print(float((compiled - eager).abs().max()))
+"""
+
+
+def _has_avx512() -> bool:
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    return any("avx512" in str(isa) for isa in valid_vec_isa_list())
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="the cache mix-up needs a CPU with both AVX-512 and AVX2 kernels")
+def test_a_compile_under_avx2_kernels_does_not_take_the_code_an_avx512_process_cached(tmp_path):
+    """Seen 2026-12-07: with one inductor cache, a 1M-parameter HLM compiled under
+    ATEN_CPU_CAPABILITY=avx2 after an AVX-512 process gave logits 2.1 off the eager ones."""
+    from hlmtune.training.fastpath import AVX2_KERNELS_ENV
+
+    def largest_difference(kernels):
+        env = {k: v for k, v in os.environ.items() if k not in AVX2_KERNELS_ENV}
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"), **kernels)
+        done = subprocess.run([sys.executable, "-c", _COMPILED_VS_EAGER], capture_output=True, text=True, env=env,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return float(done.stdout.split()[-1])
+
+    assert largest_difference({}) < 1e-4  # fills the cache with AVX-512 code
+    assert largest_difference({"ATEN_CPU_CAPABILITY": "avx2"}) < 1e-4
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["aten-avx2", "aten-avx512"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -136,7 +137,7 @@ def test_compile_mode_is_parsed_and_checked():
     ("max-autotune-no-cudagraphs", "cpu", "none", "max-autotune-no-cudagraphs", False),
     ("default", "cpu", "none", "torchtune", False),
 ])
-def test_layers_compile_in_the_effective_mode(monkeypatch, mode, device, dp, compiled_with, graphs):
+def test_layers_compile_in_the_effective_mode(monkeypatch, tmp_path, mode, device, dp, compiled_with, graphs):
     """Every transformer layer is compiled with the mode (or by torchtune's own helper); graphs
     turn on the per-step cudagraph_mark_step_begin."""
     import types
@@ -153,6 +154,9 @@ def test_layers_compile_in_the_effective_mode(monkeypatch, mode, device, dp, com
     monkeypatch.setattr(training, "compile_model", lambda m, verbose=True: calls.append("torchtune"))
     fake = types.SimpleNamespace(_compile_mode=mode, _device=torch.device(device), _is_rank_zero=False,
                                  _cudagraphs=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     RecipeBase._compile_layers(fake, model, dp)
     assert calls == (["torchtune"] if compiled_with == "torchtune" else [compiled_with] * 2)
+    # inductor's cache: a folder of this process's ATen kernels (another set's cached code was wrong)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / f"aten-{torch.backends.cpu.get_cpu_capability().lower()}")
     assert fake._cudagraphs is graphs

@@ -31,6 +31,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -130,7 +131,10 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     ``torch.compile`` on batches of one fixed shape (every batch padded to ``batch_size`` rows
     of the longest prompt), so it compiles once; at dim 128 the elementwise RoPE / RMSNorm ops
     cost as much as the matmuls and fusing them pays (1.4x measured on 2 CPU cores, after a
-    compile of about a minute).
+    compile of about a minute). The first compiled batch is also run eagerly: logits that differ by
+    more than rounding (a miscompiled graph, seen with inductor's cache filled under other ATen
+    kernels) make the whole call eager, with a message; a later compiled batch that is not finite
+    is computed again eagerly.
 
     With ``fast`` (the default; a torchtune ``TransformerDecoder`` whose last layer is a plain
     self-attention layer), only the query positions reach the last layer's queries and MLP, the
@@ -153,7 +157,8 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     from torchtune.modules import TransformerDecoder
     from tqdm import tqdm
 
-    from hlmtune.training.fastpath import prunable_last_layer, inference_fastpath, query_logits
+    from hlmtune.training.fastpath import (inductor_cache_for_kernels, inference_fastpath, prunable_last_layer,
+                                           query_logits)
 
     if positions is None:
         positions = [[len(p) - 1] for p in prompts]
@@ -166,6 +171,9 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
     choice_t = torch.tensor(list(choices))
     logprobs = torch.zeros(first[-1], len(choices)) if return_logprobs else None
     recomputed = 0  # batches whose compiled logits were not finite, computed again eagerly
+    compiled = compile  # False once the first compiled batch disagrees with the eager model
+    if compile:
+        inductor_cache_for_kernels()  # a cache filled under other ATen kernels gave wrong code
     fixed_width = max((len(p) for p in prompts), default=1)
     fast = (fast and isinstance(model, TransformerDecoder) and not model.output_hidden_states
             and prunable_last_layer(model) is not None)
@@ -184,13 +192,13 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
                                               dynamic_ncols=True) as bar:
         for b in range(0, len(order), batch_size):
             idx = order[b : b + batch_size]
-            width = fixed_width if compile else max(len(prompts[i]) for i in idx)
-            x = torch.zeros(batch_size if compile else len(idx), width, dtype=torch.long)  # pad 0; extra rows ignored
+            width = fixed_width if compiled else max(len(prompts[i]) for i in idx)
+            x = torch.zeros(batch_size if compiled else len(idx), width, dtype=torch.long)  # pad 0; extra rows ignored
             for r, i in enumerate(idx):
                 x[r, : len(prompts[i])] = torch.tensor(prompts[i])
             rows = torch.tensor([r for r, i in enumerate(idx) for _ in positions[i]], dtype=torch.long)
             if fast:
-                tq = fixed_queries if compile else max(1, max(len(positions[i]) for i in idx))
+                tq = fixed_queries if compiled else max(1, max(len(positions[i]) for i in idx))
                 at = torch.zeros(x.shape[0], tq, dtype=torch.long)  # (B, Tq): queries, padded with 0
                 for r, i in enumerate(idx):
                     at[r, : len(positions[i])] = torch.tensor(positions[i], dtype=torch.long)
@@ -201,8 +209,16 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
                 cols = torch.tensor([q for i in idx for q in positions[i]], dtype=torch.long)
                 last = run(x)[rows, cols]  # (B, T, V) -> (Q, V)
                 again = lambda: model(x[: len(idx), : max(len(prompts[i]) for i in idx)])[rows, cols]
+            if compiled and b == 0:  # the compiled graph, checked once against the eager model
+                eager = again()
+                if not _same_logits(last, eager):
+                    print(f"hlmtune eval: the compiled model's logits differ from the eager model's at the first "
+                          f"batch of {desc} (largest difference {_largest_difference(last, eager):.3g}): evaluating "
+                          "eagerly; inductor's cache was " + os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"),
+                          file=sys.stderr)
+                    compiled, run, last = False, (step if fast else model), eager
             if not bool(torch.isfinite(last).all()):
-                last = _finite_again(last, again, compiled=compile)
+                last = _finite_again(last, again, compiled=compiled)
                 recomputed += 1
             free = last.argmax(-1)
             off_vocab += int((~torch.isin(free, choice_t)).sum())
@@ -220,6 +236,27 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
         print(f"hlmtune eval: the compiled model gave non-finite logits in {recomputed} batch(es) of {desc}; "
               "computed again eagerly, without the fixed-shape padding", file=sys.stderr)
     return (out, off_vocab, logprobs) if return_logprobs else (out, off_vocab)
+
+
+def _same_logits(compiled: Any, eager: Any) -> bool:
+    """Whether a compiled batch's (Q, V) logits are the eager model's up to fp32 rounding.
+
+    Rounding moves the HLM's logits (up to about 15) by at most 5e-5; a miscompiled graph moved them
+    by 2 to 50 (:func:`hlmtune.training.fastpath.inductor_cache_for_kernels`). Eager logits that are
+    not finite are the model's own, for :func:`_finite_again` to refuse: not the compiler's fault.
+    """
+    import torch
+
+    if not bool(torch.isfinite(eager).all()):
+        return True
+    scale = max(1.0, float(eager.abs().max()))
+    return bool(torch.isfinite(compiled).all()) and bool(torch.allclose(compiled, eager, rtol=0.0, atol=1e-3 * scale))
+
+
+def _largest_difference(compiled: Any, eager: Any) -> float:
+    """max |compiled - eager| over a batch's logits (inf where the compiled ones are not finite)."""
+    d = (compiled - eager).abs()
+    return float(d.nan_to_num(float("inf")).max())
 
 
 def _finite_again(last: Any, again: Callable[[], Any], *, compiled: bool) -> Any:

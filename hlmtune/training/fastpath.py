@@ -285,6 +285,36 @@ def kernel_isa() -> str:
         return "unknown"
 
 
+def inductor_cache_for_kernels(env: Any = None) -> str:
+    """Point inductor's on-disk cache at a folder of this process's ATen kernels; returns the folder.
+
+    torch 2.13's inductor cache does not key compiled code by the kernels ``ATEN_CPU_CAPABILITY``
+    selects: on an AMD EPYC with AVX-512 (2026-12-07), a graph compiled under
+    ``ATEN_CPU_CAPABILITY=avx2`` (:data:`AVX2_KERNELS_ENV`) after an AVX-512 process had filled the
+    cache got that process's code and computed wrong logits (the HLM's: up to 50 off, NaN at most
+    of a fine-tune's queries; a 1M-parameter model: 2.1 off), and an AVX-512 process after an AVX2
+    one corrupted the heap. A fresh folder gave the eager logits both ways. So every kernel set
+    gets its own folder under the cache (``TORCHINDUCTOR_CACHE_DIR``'s, else torch's default):
+    ``<cache>/aten-avx2``. Set in ``env`` (``os.environ`` by default, which child processes
+    inherit; a child under other kernels moves to its own folder beside it). Call before
+    ``torch.compile``.
+    """
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    env = os.environ if env is None else env
+    base = Path(env.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+    if base.name.startswith(INDUCTOR_KERNELS_PREFIX):  # set by this function in this or a parent process
+        base = base.parent
+    folder = str(base / f"{INDUCTOR_KERNELS_PREFIX}{kernel_isa().lower()}")
+    env["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
+
+
+INDUCTOR_KERNELS_PREFIX = "aten-"  # inductor_cache_for_kernels' folders: aten-avx2, aten-avx512...
+
+
 def _probe_key() -> str:
     """What the decision depends on: the CPU model, torch (and its oneDNN), intra-op threads."""
     return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"

@@ -48,7 +48,8 @@ from hlmtune.training.dist import (
 )
 from hlmtune.training.options import PackOptions, effective_compile_mode
 from hlmtune.training.fastpath import (
-    blocked_attention_decision, chunked_cross_entropy, cpu_model_name, gqa_pays, linear_shapes, onednn_linear_decision,
+    blocked_attention_decision, chunked_cross_entropy, cpu_model_name, gqa_pays, inductor_cache_for_kernels,
+    linear_shapes, onednn_linear_decision,
     target_logits_applies, target_positions_only, use_addmm_lora,
     use_blocked_causal_attention, use_complex_rope, use_gqa_attention, use_onednn_linear,
 )
@@ -274,7 +275,13 @@ class RecipeBase:
         return self.METHOD
 
     def _compile_layers(self, model: torch.nn.Module, data_parallel: str) -> None:
-        """torchtune's per-layer compile, in the config's ``compile_mode``."""
+        """torchtune's per-layer compile, in the config's ``compile_mode``.
+
+        Inductor's cache gets a folder of this process's ATen kernels first, which the loss, compiled
+        after the model, uses too (a cache filled under other kernels gave wrong code:
+        :func:`~hlmtune.training.fastpath.inductor_cache_for_kernels`).
+        """
+        inductor_cache_for_kernels()
         mode, why = effective_compile_mode(self._compile_mode, self._device.type, data_parallel)
         if why and self._is_rank_zero:
             log.warning(why)
