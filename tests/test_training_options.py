@@ -158,5 +158,6 @@ def test_layers_compile_in_the_effective_mode(monkeypatch, tmp_path, mode, devic
     RecipeBase._compile_layers(fake, model, dp)
     assert calls == (["torchtune"] if compiled_with == "torchtune" else [compiled_with] * 2)
     # inductor's cache: a folder of this process's ATen kernels (another set's cached code was wrong)
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / f"aten-{torch.backends.cpu.get_cpu_capability().lower()}")
+    kernels = torch.backends.cpu.get_cpu_capability().lower()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / f"aten-{kernels}")
     assert fake._cudagraphs is graphs

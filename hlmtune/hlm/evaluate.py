@@ -212,10 +212,10 @@ def predict(model: Any, prompts: List[List[int]], choices: Sequence[int], *, bat
             if compiled and b == 0:  # the compiled graph, checked once against the eager model
                 eager = again()
                 if not _same_logits(last, eager):
+                    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default")
                     print(f"hlmtune eval: the compiled model's logits differ from the eager model's at the first "
                           f"batch of {desc} (largest difference {_largest_difference(last, eager):.3g}): evaluating "
-                          "eagerly; inductor's cache was " + os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default"),
-                          file=sys.stderr)
+                          f"eagerly; inductor's cache was {cache}", file=sys.stderr)
                     compiled, run, last = False, (step if fast else model), eager
             if not bool(torch.isfinite(last).all()):
                 last = _finite_again(last, again, compiled=compiled)
