@@ -601,6 +601,11 @@ def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
         monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
         assert ask() is False and probes == [True, False]
         assert len(json.loads(fastpath.probe_cache_path().read_text())) == 2
+        # other kernels (MKL held to AVX2): another key too, measured again
+        monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+        assert ask() is False and probes == [True, False, False]
+        assert any(k.endswith(" MKL_ENABLE_INSTRUCTIONS=AVX2 | linear (1024, 512) x 512")
+                   for k in json.loads(fastpath.probe_cache_path().read_text()))
         monkeypatch.undo()
         monkeypatch.setenv("HLM_CACHE_DIR", str(tmp_path / "cache"))
         monkeypatch.delenv("HLM_ONEDNN_LINEAR", raising=False)
@@ -609,11 +614,11 @@ def test_onednn_probe_decides_once_per_host_and_keeps_it(tmp_path, monkeypatch):
         for forced, want in (("0", False), ("1", True)):
             monkeypatch.setenv("HLM_ONEDNN_LINEAR", forced)
             assert ask() is want
-        assert probes == [True, False]
+        assert probes == [True, False, False]
         monkeypatch.delenv("HLM_ONEDNN_LINEAR")
         # an unreadable file is measured again and rewritten, not an error
         fastpath.probe_cache_path().write_text("{not json")
-        assert ask() is False and probes == [True, False, False]
+        assert ask() is False and probes == [True, False, False, False]
         assert json.loads(fastpath.probe_cache_path().read_text())[key]["onednn"] is False
     finally:
         fastpath.onednn_linear_decision.cache_clear()

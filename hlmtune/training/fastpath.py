@@ -316,8 +316,13 @@ INDUCTOR_KERNELS_PREFIX = "aten-"  # inductor_cache_for_kernels' folders: aten-a
 
 
 def _probe_key() -> str:
-    """What the decision depends on: the CPU model, torch (and its oneDNN), intra-op threads."""
-    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    """What the decision depends on: the CPU model, torch (and its oneDNN), intra-op threads, and the
+    kernels ATen, oneDNN and MKL may use (:data:`AVX2_KERNELS_ENV`): a timing under AVX2 kernels on an
+    AVX-512 host is not one under its own."""
+    import os
+
+    held = "".join(f" {k}={v}" for k, v in sorted(kernel_settings(os.environ).items()))
+    return f"{cpu_model_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {kernel_isa()}{held}"
 
 
 PROBE_ROUNDS = 3  # independent rounds (each best of PROBE_TRIALS): a decision holds in every round
