@@ -57,16 +57,24 @@ def test_base_builder_of_lora_and_qlora_configs():
         assert base._component_ == "hlmtune.hlm.model.hlm_1m" and set(base) == {"_component_", "manifest_path"}
 
 
-def test_predict_batches_and_compiled_path_agree_with_one_by_one():
-    """Right padding, length grouping and the fixed-shape compiled path change no prediction."""
+def _hlm_and_prompts(seed: int, n: int):
+    """A seeded random 1M-parameter HLM (eval mode) and n prompts of 5-29 tokens drawn with ``seed``."""
     import torch
 
     from hlmtune.hlm.model import hlm_1m
 
     torch.manual_seed(0)
     model = hlm_1m(vocab_size=303).eval()
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in torch.randint(5, 30, (11,), generator=g)]
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(5, 30, (n,), generator=g)
+    return model, [torch.randint(4, 303, (int(k),), generator=g).tolist() for k in lengths]
+
+
+def test_predict_batches_and_compiled_path_agree_with_one_by_one():
+    """Right padding, length grouping and the fixed-shape compiled path change no prediction."""
+    import torch
+
+    model, prompts = _hlm_and_prompts(1, 11)
     choices = [4, 5, 6, 7]
     with torch.inference_mode():
         ref = [int(model(torch.tensor([p]))[0, -1, choices].argmax()) for p in prompts]
@@ -89,12 +97,7 @@ def test_predict_computes_a_compiled_batch_with_nonfinite_logits_again_eagerly(m
     class 0: that batch runs again eagerly; a model that is NaN eagerly too is refused."""
     import torch
 
-    from hlmtune.hlm.model import hlm_1m
-
-    torch.manual_seed(0)
-    model = hlm_1m(vocab_size=303).eval()
-    g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in torch.randint(5, 30, (9,), generator=g)]
+    model, prompts = _hlm_and_prompts(2, 9)
     choices = [4, 5, 6, 7]
     ref, _, ref_lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True)
 
@@ -127,12 +130,7 @@ def test_predict_evaluates_eagerly_when_the_compiled_graph_disagrees_at_the_firs
     a compiled graph that agrees stays in use."""
     import torch
 
-    from hlmtune.hlm.model import hlm_1m
-
-    torch.manual_seed(0)
-    model = hlm_1m(vocab_size=303).eval()
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(4, 303, (int(n),), generator=g).tolist() for n in torch.randint(5, 30, (9,), generator=g)]
+    model, prompts = _hlm_and_prompts(3, 9)
     choices = [4, 5, 6, 7]
     ref, _, ref_lp = ev.predict(model, prompts, choices, batch_size=4, desc="t", return_logprobs=True)
     calls = []

@@ -285,6 +285,9 @@ def kernel_isa() -> str:
         return "unknown"
 
 
+INDUCTOR_KERNELS_PREFIX = "aten-"  # inductor_cache_for_kernels' folders: aten-avx2, aten-avx512...
+
+
 def inductor_cache_for_kernels(env: Any = None) -> str:
     """Point inductor's on-disk cache at a folder of this process's ATen kernels; returns the folder.
 
@@ -310,9 +313,6 @@ def inductor_cache_for_kernels(env: Any = None) -> str:
     folder = str(base / f"{INDUCTOR_KERNELS_PREFIX}{kernel_isa().lower()}")
     env["TORCHINDUCTOR_CACHE_DIR"] = folder
     return folder
-
-
-INDUCTOR_KERNELS_PREFIX = "aten-"  # inductor_cache_for_kernels' folders: aten-avx2, aten-avx512...
 
 
 def _probe_key() -> str:
